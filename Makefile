@@ -1,0 +1,48 @@
+# moe-dag: `make demo` and `make test` each work on a fresh clone (they run `setup` first).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STATE := .moe_dag
+CONFIG ?= configs/demo.yaml
+# The CPU build of torch on a laptop or CI; on a GPU box: make setup TORCH_SPEC='torch>=2.6,<2.15' EXTRAS=dev,gpu
+TORCH_SPEC ?= torch==2.13.0
+EXTRAS ?= dev
+export DAGSTER_HOME := $(CURDIR)/$(STATE)/dagster
+export MOE_DAG_CONFIG := $(CONFIG)
+
+.PHONY: setup demo test test-slow ui bench lint clean
+
+setup: $(BIN)/.installed $(DAGSTER_HOME)/dagster.yaml
+
+$(BIN)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --quiet '$(TORCH_SPEC)'
+	$(BIN)/pip install --quiet -e '.[$(EXTRAS)]'
+	touch $@
+
+# Dagster reads its instance config from $DAGSTER_HOME: all of its state stays under $(STATE)/.
+$(DAGSTER_HOME)/dagster.yaml: dagster.yaml
+	mkdir -p $(DAGSTER_HOME)
+	cp dagster.yaml $@
+
+demo: setup
+	$(BIN)/moe-dag --config $(CONFIG) demo
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+test-slow: setup
+	$(BIN)/python -m pytest -q -m slow
+
+ui: setup
+	$(BIN)/dagster dev -h 127.0.0.1 -p 3000
+
+bench: setup
+	@for script in benchmarks/*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+clean:
+	rm -rf $(STATE)

@@ -1,0 +1,149 @@
+"""The pipeline config: one YAML file names the sources, the lake and each stage's parameters.
+
+Each stage owns its small config dataclass next to its code (`PrefilterConfig` beside the filters,
+`MinHashConfig` beside dedup, ...); this module only reads the YAML into them, so a misspelt key fails
+at load time with the file and the key path instead of deep inside a run.
+
+Relative paths in the file resolve against the current working directory (the repository root when
+run through `make` or `dagster dev`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from moe_dag.data.dedup import MinHashConfig
+from moe_dag.data.demo_corpus import DemoCorpusConfig
+from moe_dag.data.filters import PrefilterConfig, ToxicityConfig
+from moe_dag.data.heads import BackboneConfig, HeadTrainConfig
+from moe_dag.data.mixture import MixtureConfig
+from moe_dag.data.oracle import OpenAICompatibleConfig
+from moe_dag.data.tokenizer import TokenizerConfig
+
+CONFIG_ENV_VAR = "MOE_DAG_CONFIG"
+DEFAULT_CONFIG = "configs/demo.yaml"
+
+
+@dataclass(kw_only=True)
+class SourceConfig:
+    """One data source: a partition of every per-source asset."""
+
+    name: str
+    kind: str  # "code" or a text kind: "web", "reference", "math", "science", ...
+    shards: str  # a local folder or an fsspec URL holding .jsonl[.gz|.zst] or .parquet shards
+    languages: list[str] | None = None  # None: skip language ID; []: any confidently identified language
+    keep_rate: float = 0.7  # the share of scored documents the quality heads keep
+    mixture_weight: float = 1.0  # relative share of training tokens
+
+
+@dataclass(kw_only=True)
+class OracleConfig:
+    backend: Literal["rules", "openai", "vllm"] = "rules"
+    per_source: int = 200  # documents labelled per source
+    seed: int = 0
+    openai: OpenAICompatibleConfig = field(default_factory=OpenAICompatibleConfig)
+
+
+@dataclass(kw_only=True)
+class TrainingLaunchConfig:
+    """How the `moe_proxy` asset launches `python -m moe_dag.training` (or torchrun)."""
+
+    preset: str = "demo"
+    steps: int = 300
+    seed: int = 0
+    nproc_per_node: int = 1
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(kw_only=True)
+class PipelineConfig:
+    path: Path
+    lake_root: str
+    catalog_path: str
+    sources: list[SourceConfig]
+    prefilter: PrefilterConfig = field(default_factory=PrefilterConfig)
+    toxicity: ToxicityConfig = field(default_factory=ToxicityConfig)
+    dedup: MinHashConfig = field(default_factory=MinHashConfig)
+    oracle: OracleConfig = field(default_factory=OracleConfig)
+    backbone: BackboneConfig = field(default_factory=BackboneConfig)
+    heads: HeadTrainConfig = field(default_factory=HeadTrainConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    mixture: MixtureConfig = field(default_factory=lambda: MixtureConfig(weights={}))
+    training: TrainingLaunchConfig = field(default_factory=TrainingLaunchConfig)
+    demo_corpus: DemoCorpusConfig | None = None
+
+    @property
+    def source_names(self) -> list[str]:
+        return [source.name for source in self.sources]
+
+    def source(self, name: str) -> SourceConfig:
+        for source in self.sources:
+            if source.name == name:
+                return source
+        raise KeyError(f"no source named {name!r} in {self.path}; sources: {self.source_names}")
+
+    def mixture_config(self) -> MixtureConfig:
+        """The mixture config with its weights taken from the sources."""
+        weights = {source.name: source.mixture_weight for source in self.sources}
+        return dataclasses.replace(self.mixture, weights=weights)
+
+
+def config_path_from_env() -> Path:
+    return Path(os.environ.get(CONFIG_ENV_VAR, DEFAULT_CONFIG))
+
+
+def load_config(path: str | Path) -> PipelineConfig:
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"pipeline config {path} does not exist (set {CONFIG_ENV_VAR} to choose one)")
+    raw = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: the top level must be a mapping")
+    raw["path"] = path
+    config = _build(PipelineConfig, raw, path, "")
+    if not config.sources:
+        raise ValueError(f"{path}: 'sources' lists no source")
+    names = config.source_names
+    if len(set(names)) != len(names):
+        raise ValueError(f"{path}: source names must be unique, got {names}")
+    return config
+
+
+def _build(cls: type, values: Any, path: Path, where: str) -> Any:
+    """Build dataclass `cls` from a YAML mapping, recursing into nested config dataclasses."""
+    if not isinstance(values, dict):
+        raise ValueError(f"{path}: {where or 'top level'} must be a mapping, got {values!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise ValueError(f"{path}: unknown key(s) {unknown} in {where or 'top level'}; known: {sorted(fields)}")
+    kwargs = {}
+    for name, value in values.items():
+        key_path = f"{where}.{name}" if where else name
+        nested = _dataclass_type(fields[name].type, cls)
+        if name == "sources":
+            if not isinstance(value, list):
+                raise ValueError(f"{path}: 'sources' must be a list")
+            value = [_build(SourceConfig, item, path, f"sources[{i}]") for i, item in enumerate(value)]
+        elif nested is not None and value is not None:
+            value = _build(nested, value, path, key_path)
+        kwargs[name] = value
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{path}: invalid {where or 'config'}: {error}") from error
+
+
+def _dataclass_type(annotation: Any, owner: type) -> type | None:
+    """The config dataclass named by a field annotation (string annotations resolved in their module)."""
+    if isinstance(annotation, str):
+        module = __import__(owner.__module__, fromlist=["_"])
+        name = annotation.split("|")[0].strip()
+        annotation = getattr(module, name, None)
+    return annotation if dataclasses.is_dataclass(annotation) else None
