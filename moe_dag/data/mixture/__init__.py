@@ -1,0 +1,14 @@
+"""The tokenised training mixture: token shards, the deficit-rule sampler, and the build that packs them."""
+
+from moe_dag.data.mixture.build import MixtureConfig, build_mixture, rank_slice
+from moe_dag.data.mixture.sampler import MixtureSampler
+from moe_dag.data.mixture.token_shards import TokenShard, write_token_shard
+
+__all__ = [
+    "MixtureConfig",
+    "MixtureSampler",
+    "TokenShard",
+    "build_mixture",
+    "rank_slice",
+    "write_token_shard",
+]

@@ -1,0 +1,263 @@
+"""Build the tokenised training mixture: held-out split, token shards, sampled and packed sequences.
+
+The files under `out_dir` are a contract with the trainer (moe_dag/training reads them):
+
+    train.npy        [num_sequences, seq_len + 1] token ids, dtype uint16 (vocab <= 65536) or uint32;
+                     row r is inputs r[:-1] and targets r[1:]; open with np.load(path, mmap_mode="r")
+    heldout.parquet  source, id, tokens (list<int32>: the document's tokens + EOS), num_bytes (UTF-8 bytes
+                     of its text): the documents kept out of training, for bits-per-byte evaluation
+    mixture.json     the report: seq_len, vocab_size, eos_id, dtype, num_sequences, total_tokens, per
+                     source {target_share, achieved_share, tokens, documents, epochs, heldout_documents,
+                     ...}, sampler_state, config
+    shards/          one token shard per source (see token_shards.py)
+
+Token budget. With `total_tokens` set, the build packs total_tokens // (seq_len + 1) sequences. With it
+None, the budget is the largest one at which every source still meets its share: documents are drawn
+until the first source reaches its `max_epochs` cap. Either way a source that hits its cap while others
+go on is flagged `short` in the report, with a warning that says so.
+
+Every step is a function of the inputs and the config, and nothing in the report depends on the clock or
+the output path, so rebuilding with the same inputs rewrites byte-identical files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from tokenizers import Tokenizer
+from tqdm import tqdm
+
+from moe_dag.data.mixture.sampler import MixtureSampler, check_weights, stable_hash
+from moe_dag.data.mixture.token_shards import TokenShard, encode_documents, token_dtype, write_token_shard
+from moe_dag.data.tokenizer import eos_id
+
+TRAIN_FILE = "train.npy"
+HELDOUT_FILE = "heldout.parquet"
+REPORT_FILE = "mixture.json"
+SHARDS_DIR = "shards"
+
+HELDOUT_SCHEMA = pa.schema(
+    [
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("tokens", pa.list_(pa.int32()), nullable=False),
+        pa.field("num_bytes", pa.int64(), nullable=False),
+    ]
+)
+
+
+@dataclass(kw_only=True)
+class MixtureConfig:
+    weights: dict[str, float]
+    seq_len: int = 128
+    total_tokens: int | None = None
+    seed: int = 0
+    max_epochs: float = 4.0
+    heldout_fraction: float = 0.05
+    # The end-of-document token appended after every document; a pretrained tokenizer may name it differently.
+    eos_token: str = "<|endoftext|>"
+
+
+def build_mixture(
+    documents: dict[str, pa.Table], tokenizer: Tokenizer, config: MixtureConfig, out_dir: Path
+) -> dict:
+    """Write train.npy, heldout.parquet, mixture.json and shards/ under `out_dir`; return the report.
+
+    `documents` maps each source to its kept documents (columns `id` and `text`, others ignored)."""
+    _validate(config, documents)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    eos = eos_id(tokenizer, config.eos_token)
+    vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+    shards: dict[str, TokenShard] = {}
+    heldout_parts: list[pa.Table] = []
+    for source in sorted(documents):
+        train, held = _split_heldout(documents[source], config.heldout_fraction)
+        shards[source] = write_token_shard(train, tokenizer, eos, out_dir / SHARDS_DIR, source)
+        heldout_parts.append(_heldout_table(held, tokenizer, eos, source))
+    heldout = pa.concat_tables(heldout_parts) if heldout_parts else HELDOUT_SCHEMA.empty_table()
+    _write_parquet(heldout, out_dir / HELDOUT_FILE)
+
+    lengths = {source: shard.lengths for source, shard in shards.items()}
+    sampler = MixtureSampler(lengths, config.weights, seed=config.seed, max_epochs=config.max_epochs)
+    row = config.seq_len + 1
+    wanted = None if config.total_tokens is None else config.total_tokens // row * row
+    plan, capped_at, stream_tokens = _draw(sampler, lengths, wanted)
+    num_sequences = stream_tokens // row if wanted is None else min(wanted, stream_tokens) // row
+    if num_sequences == 0:
+        raise ValueError(f"the mixture drew {stream_tokens} tokens, less than one sequence of {row}")
+    dtype = token_dtype(vocab_size)
+    packed = _pack(plan, shards, num_sequences, row, dtype, out_dir / TRAIN_FILE)
+
+    report = {"vocab_size": vocab_size, "eos_id": eos, "dtype": dtype.name}
+    report |= _report(config, sampler, shards, heldout, packed, plan, capped_at, num_sequences, wanted)
+    partial = out_dir / f".{REPORT_FILE}.partial"
+    partial.write_text(json.dumps(report, indent=2) + "\n")
+    partial.replace(out_dir / REPORT_FILE)
+    return report
+
+
+def _split_heldout(table: pa.Table, fraction: float) -> tuple[pa.Table, pa.Table]:
+    """(training, held-out) rows. A document is held out when a hash of its id falls under `fraction`:
+    the split depends on nothing but the id, so it is the same across seeds, reruns and added documents."""
+    threshold = fraction * 2**64
+    held = [stable_hash(doc_id) < threshold for doc_id in table["id"].to_pylist()]
+    mask = pa.array(held, pa.bool_())
+    return table.filter(pc.invert(mask)), table.filter(mask)
+
+
+def rank_slice(num_sequences: int, rank: int, world_size: int) -> slice:
+    """The rows of train.npy that data-parallel `rank` reads: contiguous, disjoint, together covering all
+    rows, sizes differing by at most one."""
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is outside world_size {world_size}")
+    if num_sequences < 0:
+        raise ValueError(f"num_sequences must be non-negative, got {num_sequences}")
+    return slice(num_sequences * rank // world_size, num_sequences * (rank + 1) // world_size)
+
+
+def _heldout_table(table: pa.Table, tokenizer: Tokenizer, eos: int, source: str) -> pa.Table:
+    texts = table["text"].to_pylist()
+    tokens = encode_documents(tokenizer, texts, eos, np.dtype(np.int32)) if texts else []
+    columns = {
+        "source": [source] * len(texts),
+        "id": table["id"].cast(pa.string()),
+        "tokens": [document.tolist() for document in tokens],
+        "num_bytes": [len(text.encode("utf-8")) for text in texts],
+    }
+    return pa.table(columns, schema=HELDOUT_SCHEMA)
+
+
+def _draw(
+    sampler: MixtureSampler, lengths: dict[str, np.ndarray], wanted: int | None
+) -> tuple[list[tuple[str, int]], dict[str, int], int]:
+    """The sampled (source, document) order, after how many draws each capped source hit its cap, and the
+    tokens drawn.
+
+    Stops once the stream holds `wanted` tokens, or (wanted None) as soon as the first source is capped,
+    or when every source is capped."""
+    plan: list[tuple[str, int]] = []
+    capped_at: dict[str, int] = {}
+    stream_tokens = 0
+    with tqdm(total=wanted, desc="sample mixture", unit="tok", disable=None) as progress:
+        for source, document in sampler:
+            plan.append((source, document))
+            length = int(lengths[source][document])
+            stream_tokens += length
+            progress.update(length)
+            if source in sampler.exhausted:
+                capped_at[source] = len(plan)
+                if wanted is None:
+                    break
+            if wanted is not None and stream_tokens >= wanted:
+                break
+    return plan, capped_at, stream_tokens
+
+
+def _pack(
+    plan: list[tuple[str, int]],
+    shards: dict[str, TokenShard],
+    num_sequences: int,
+    row: int,
+    dtype: np.dtype,
+    path: Path,
+) -> dict[str, int]:
+    """Concatenate the planned documents and cut the stream into `num_sequences` rows of `row` tokens
+    (the tail that does not fill a row is dropped). Returns the tokens each source put into train.npy."""
+    partial = path.with_name(f".{path.name}.partial")
+    rows = np.lib.format.open_memmap(partial, mode="w+", dtype=dtype, shape=(num_sequences, row))
+    flat = rows.reshape(-1)
+    packed = {source: 0 for source in shards}
+    cursor = 0
+    for source, document in tqdm(plan, desc="pack sequences", unit="doc", disable=None):
+        if cursor == len(flat):
+            break
+        tokens = shards[source].document(document)[: len(flat) - cursor]
+        flat[cursor : cursor + len(tokens)] = tokens
+        cursor += len(tokens)
+        packed[source] += len(tokens)
+    rows.flush()
+    del rows, flat
+    partial.replace(path)
+    return packed
+
+
+def _report(
+    config: MixtureConfig,
+    sampler: MixtureSampler,
+    shards: dict[str, TokenShard],
+    heldout: pa.Table,
+    packed: dict[str, int],
+    plan: list[tuple[str, int]],
+    capped_at: dict[str, int],
+    num_sequences: int,
+    wanted: int | None,
+) -> dict:
+    total = sum(packed.values())
+    heldout_counts = Counter(heldout["source"].to_pylist())
+    sources = {}
+    warnings = []
+    for source, shard in shards.items():
+        # Capped with draws after it: the other sources kept going, so this one's share fell short.
+        short = source in capped_at and capped_at[source] < len(plan)
+        achieved = packed[source] / total if total else 0.0
+        target = sampler.target_shares[source]
+        sources[source] = {
+            "target_share": target,
+            "achieved_share": achieved,
+            "tokens": packed[source],
+            "documents": sampler.documents_drawn[source],
+            "epochs": sampler.epochs[source],
+            "train_documents": len(shard),
+            "heldout_documents": heldout_counts[source],
+            "capped": source in capped_at,
+            "short": short,
+        }
+        if short:
+            warnings.append(
+                f"source {source!r} hit its cap of {config.max_epochs} epochs; achieved share "
+                f"{achieved:.4f} fell short of its target {target:.4f}"
+            )
+    if wanted is not None and total < wanted:
+        warnings.append(f"every source hit its epoch cap: packed {total} of the {wanted} tokens asked for")
+    return {
+        "seq_len": config.seq_len,
+        "num_sequences": num_sequences,
+        "total_tokens": total,
+        "sources": sources,
+        "warnings": warnings,
+        "sampler_state": sampler.state_dict(),
+        "config": dataclasses.asdict(config),
+    }
+
+
+def _write_parquet(table: pa.Table, path: Path) -> None:
+    partial = path.with_name(f".{path.name}.partial")
+    pq.write_table(table, partial)
+    partial.replace(path)
+
+
+def _validate(config: MixtureConfig, documents: dict[str, pa.Table]) -> None:
+    """Every user error, checked before the first (slow) tokenisation."""
+    check_weights(config.weights, documents)
+    for source, table in documents.items():
+        for column in ("id", "text"):
+            if column not in table.column_names:
+                raise ValueError(f"documents of source {source!r} have no {column!r} column")
+    if config.seq_len < 1:
+        raise ValueError(f"MixtureConfig.seq_len must be at least 1, got {config.seq_len}")
+    if config.total_tokens is not None and config.total_tokens < config.seq_len + 1:
+        raise ValueError(
+            f"MixtureConfig.total_tokens={config.total_tokens} does not fill one sequence of "
+            f"seq_len + 1 = {config.seq_len + 1} tokens"
+        )
+    if not 0 <= config.heldout_fraction < 1:
+        raise ValueError(f"MixtureConfig.heldout_fraction must be in [0, 1), got {config.heldout_fraction}")

@@ -1,0 +1,295 @@
+"""The tokenised mixture: the deficit-rule sampler, token shards and the files the trainer reads."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from moe_dag.data.mixture import MixtureConfig, MixtureSampler, TokenShard, build_mixture, rank_slice
+from moe_dag.data.mixture.token_shards import token_dtype, write_token_shard
+from moe_dag.data.tokenizer import TokenizerConfig, train_tokenizer
+
+# ---------------------------------------------------------------------------------------------- sampler
+
+
+def random_lengths(
+    seed: int, sizes: dict[str, int], longest: int = 300, bimodal: bool = False
+) -> dict[str, np.ndarray]:
+    """Lengths uniform in [1, longest), or (bimodal) only 1 or longest: the hardest case to balance."""
+    rng = np.random.default_rng(seed)
+    if bimodal:
+        return {source: rng.choice([1, longest], size=n) for source, n in sizes.items()}
+    return {source: rng.integers(1, longest, size=n) for source, n in sizes.items()}
+
+
+def drawn_tokens_per_prefix(sampler, lengths, draws: int) -> tuple[np.ndarray, list[str]]:
+    """[draws, sources] cumulative tokens per source after each draw."""
+    sources = sampler.sources
+    steps = np.zeros((draws, len(sources)), dtype=np.int64)
+    for step, (source, document) in zip(range(draws), sampler, strict=False):
+        steps[step, sources.index(source)] = lengths[source][document]
+    return np.cumsum(steps, axis=0), sources
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    weights=st.lists(st.floats(0.01, 10.0), min_size=2, max_size=6),
+    seed=st.integers(0, 2**32),
+    longest=st.integers(2, 2000),
+    bimodal=st.booleans(),
+)
+def test_every_prefix_is_within_one_document_of_target(weights, seed, longest, bimodal):
+    sources = {f"s{i}": 50 for i in range(len(weights))}
+    lengths = random_lengths(seed, sources, longest, bimodal)
+    weight_of = dict(zip(sources, weights, strict=True))
+    # Epoch cap high enough that no source stops within the draws checked.
+    sampler = MixtureSampler(lengths, weight_of, seed=seed, max_epochs=1000.0)
+    cumulative, order = drawn_tokens_per_prefix(sampler, lengths, 2000)
+    shares = np.array([sampler.target_shares[s] for s in order])
+    deviation = np.abs(cumulative - shares * cumulative.sum(axis=1, keepdims=True))
+    assert deviation.max() <= max(int(lengths[s].max()) for s in order)
+
+
+def test_same_seed_same_stream_and_each_epoch_is_a_fresh_permutation():
+    lengths = random_lengths(0, {"a": 40, "b": 25})
+    weights = {"a": 2.0, "b": 1.0}
+    first = [*MixtureSampler(lengths, weights, seed=7, max_epochs=3.0)]
+    again = [*MixtureSampler(lengths, weights, seed=7, max_epochs=3.0)]
+    other = [*MixtureSampler(lengths, weights, seed=8, max_epochs=3.0)]
+    assert first == again
+    assert first != other
+    for source, n in (("a", 40), ("b", 25)):
+        order = [document for s, document in first if s == source]
+        epochs = [order[e * n : (e + 1) * n] for e in range(3)]
+        assert all(sorted(epoch) == list(range(n)) for epoch in epochs)
+        assert epochs[0] != epochs[1] != epochs[2]
+
+
+def test_resume_from_state_dict_continues_exactly():
+    lengths = random_lengths(1, {"cc": 300, "code": 120, "math": 40})
+    weights = {"cc": 5.0, "code": 3.0, "math": 2.0}
+    uninterrupted = MixtureSampler(lengths, weights, seed=3, max_epochs=20.0)
+    expected = [next(uninterrupted) for _ in range(2000)][1000:]
+
+    interrupted = MixtureSampler(lengths, weights, seed=3, max_epochs=20.0)
+    for _ in range(1000):
+        next(interrupted)
+    state = json.loads(json.dumps(interrupted.state_dict()))
+    assert len(json.dumps(state)) < 500  # counters, not permutations
+    resumed = MixtureSampler(lengths, weights, seed=3, max_epochs=20.0)
+    resumed.load_state_dict(state)
+    assert [next(resumed) for _ in range(1000)] == expected
+
+
+def test_a_capped_source_stops_and_the_others_keep_their_ratio():
+    lengths = {"big": np.full(1000, 10), "mid": np.full(1000, 10), "tiny": np.full(5, 10)}
+    sampler = MixtureSampler(lengths, {"big": 2.0, "mid": 1.0, "tiny": 1.0}, seed=0, max_epochs=2.5)
+    for _ in range(600):
+        next(sampler)
+    assert sampler.exhausted == ["tiny"]
+    assert sampler.documents_drawn["tiny"] == 12  # floor(2.5 * 5)
+    assert sampler.epochs["tiny"] == pytest.approx(2.4)
+    assert sampler.documents_drawn["big"] == pytest.approx(2 * sampler.documents_drawn["mid"], abs=1)
+    assert sampler.tokens_drawn["tiny"] / sum(sampler.tokens_drawn.values()) < 0.25
+    drawn = 600 + sum(1 for _ in sampler)
+    assert drawn == 2500 + 2500 + 12  # every source ends at its cap, then the sampler stops
+    assert sampler.exhausted == ["big", "mid", "tiny"]
+
+
+@pytest.mark.parametrize(
+    ("weights", "lengths", "message"),
+    [
+        ({"a": 1.0, "zzz": 1.0}, {"a": [3]}, "unknown source 'zzz'"),
+        ({"a": 0.0}, {"a": [3]}, "must be positive"),
+        ({"a": -1.0}, {"a": [3]}, "must be positive"),
+        ({"a": float("nan")}, {"a": [3]}, "must be positive"),
+        ({"a": 1.0}, {"a": [3], "b": [3]}, r"\['b'\] have documents but no mixture weight"),
+        ({}, {"a": [3]}, "empty"),
+        ({"a": 1.0}, {"a": []}, "no documents"),
+        ({"a": 1.0}, {"a": [3, 0]}, "document of 0 tokens"),
+        ({"a": 1.0}, {"a": [3, 3, 3]}, "lets source 'a' \\(3 documents\\) draw none"),
+    ],
+)
+def test_invalid_mixtures_raise(weights, lengths, message):
+    with pytest.raises(ValueError, match=message):
+        MixtureSampler({k: np.array(v) for k, v in lengths.items()}, weights, seed=0, max_epochs=0.3)
+
+
+def test_state_of_another_sampler_is_refused():
+    lengths = random_lengths(0, {"a": 10})
+    state = MixtureSampler(lengths, {"a": 1.0}, seed=1, max_epochs=1.0).state_dict()
+    with pytest.raises(ValueError, match="seed"):
+        MixtureSampler(lengths, {"a": 1.0}, seed=2, max_epochs=1.0).load_state_dict(state)
+    state["sources"]["a"]["documents"] = 11
+    with pytest.raises(ValueError, match="does not fit"):
+        MixtureSampler(lengths, {"a": 1.0}, seed=1, max_epochs=1.0).load_state_dict(state)
+
+
+# ------------------------------------------------------------------------------------------------ build
+
+WORDS = ["the", "of", "data", "model", "token", "expert", "grüße", "数据", "λ", "def", "return", "(", ")"]
+SEQ_LEN = 32
+
+
+def synthetic_documents(source: str, n: int, seed: int) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    texts = [" ".join(rng.choice(WORDS, size=rng.integers(5, 120))) + "\n" for _ in range(n)]
+    return pa.table({"id": [f"{source}-{i}" for i in range(n)], "text": texts, "source": [source] * n})
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    documents = {
+        "cc": synthetic_documents("cc", 150, 0),
+        "code": synthetic_documents("code", 80, 1),
+        "math": synthetic_documents("math", 30, 2),
+    }
+    texts = (text for table in documents.values() for text in table["text"].to_pylist())
+    return documents, train_tokenizer(texts, TokenizerConfig(vocab_size=300))
+
+
+CONFIG = MixtureConfig(weights={"cc": 0.5, "code": 0.3, "math": 0.2}, seq_len=SEQ_LEN, heldout_fraction=0.1)
+
+
+@pytest.fixture(scope="module")
+def built(corpus, tmp_path_factory):
+    documents, tokenizer = corpus
+    out_dir = tmp_path_factory.mktemp("mixture")
+    return build_mixture(documents, tokenizer, CONFIG, out_dir), out_dir
+
+
+def test_token_shard_round_trips_documents_and_allows_an_empty_source(corpus, tmp_path):
+    documents, tokenizer = corpus
+    table = documents["math"].slice(0, 3)
+    shard = write_token_shard(table, tokenizer, 0, tmp_path, "math")
+    reopened = TokenShard.open(tmp_path, "math")
+    assert len(reopened) == 3 and reopened.ids.to_pylist() == table["id"].to_pylist()
+    assert isinstance(reopened.tokens, np.memmap)
+    for i, text in enumerate(table["text"].to_pylist()):
+        document = reopened.document(i)
+        assert document[-1] == 0 and tokenizer.decode(document[:-1].tolist()) == text
+        assert reopened.num_bytes[i] == len(text.encode("utf-8"))
+    np.testing.assert_array_equal(reopened.lengths, shard.lengths)
+    empty = write_token_shard(table.slice(0, 0), tokenizer, 0, tmp_path, "none")
+    assert len(empty) == 0 and len(empty.tokens) == 0
+
+
+def test_files_have_the_documented_shapes_and_dtypes(built, corpus):
+    report, out_dir = built
+    train = np.load(out_dir / "train.npy", mmap_mode="r")
+    assert train.dtype == np.uint16 and report["dtype"] == "uint16"
+    assert token_dtype(2**16) == np.uint16 and token_dtype(2**16 + 1) == np.uint32
+    assert train.shape == (report["num_sequences"], SEQ_LEN + 1)
+    assert report["total_tokens"] == train.size
+    assert int(train.max()) < report["vocab_size"]
+    assert json.loads((out_dir / "mixture.json").read_text()) == report
+    heldout = pq.read_table(out_dir / "heldout.parquet")
+    assert heldout.schema.names == ["source", "id", "tokens", "num_bytes"]
+    assert heldout.schema.field("tokens").type == pa.list_(pa.int32())
+    documents, tokenizer = corpus
+    texts = {
+        i: t
+        for table in documents.values()
+        for i, t in zip(table["id"].to_pylist(), table["text"].to_pylist(), strict=True)
+    }
+    for row in heldout.to_pylist():
+        assert row["tokens"][-1] == report["eos_id"]
+        assert tokenizer.decode(row["tokens"][:-1]) == texts[row["id"]]
+        assert row["num_bytes"] == len(texts[row["id"]].encode("utf-8"))
+
+
+def test_train_rows_are_the_sampled_documents_back_to_back(built):
+    report, out_dir = built
+    shards = {source: TokenShard.open(out_dir / "shards", source) for source in report["sources"]}
+    sampler = MixtureSampler(
+        {s: shard.lengths for s, shard in shards.items()},
+        CONFIG.weights,
+        seed=CONFIG.seed,
+        max_epochs=CONFIG.max_epochs,
+    )
+    stream = np.concatenate([shards[source].document(document) for source, document in sampler])
+    flat = np.load(out_dir / "train.npy").reshape(-1)
+    np.testing.assert_array_equal(flat, stream[: len(flat)])
+
+
+def test_heldout_is_disjoint_from_training_and_seed_independent(built, corpus, tmp_path):
+    report, out_dir = built
+    heldout_ids = set(pq.read_table(out_dir / "heldout.parquet")["id"].to_pylist())
+    train_ids = {i for s in report["sources"] for i in TokenShard.open(out_dir / "shards", s).ids.to_pylist()}
+    assert heldout_ids and not heldout_ids & train_ids
+    documents, tokenizer = corpus
+    assert len(heldout_ids) + len(train_ids) == sum(table.num_rows for table in documents.values())
+    reseeded = replace(CONFIG, seed=5)
+    build_mixture(documents, tokenizer, reseeded, tmp_path)
+    assert set(pq.read_table(tmp_path / "heldout.parquet")["id"].to_pylist()) == heldout_ids
+
+
+def test_without_a_budget_the_shares_hold_until_the_first_cap(built):
+    report, out_dir = built
+    longest = max(int(TokenShard.open(out_dir / "shards", s).lengths.max()) for s in report["sources"])
+    for source, row in report["sources"].items():
+        assert abs(row["achieved_share"] - row["target_share"]) <= longest / report["total_tokens"], source
+        assert not row["short"]
+    assert [s for s, row in report["sources"].items() if row["capped"]] == ["math"]
+    assert report["sources"]["math"]["epochs"] == CONFIG.max_epochs
+    assert report["warnings"] == []
+
+
+def test_a_budget_sets_the_row_count_and_a_too_large_one_reports_the_shortfall(corpus, tmp_path):
+    documents, tokenizer = corpus
+    small = build_mixture(documents, tokenizer, replace(CONFIG, total_tokens=1000), tmp_path / "a")
+    assert small["num_sequences"] == 1000 // (SEQ_LEN + 1)
+    assert np.load(tmp_path / "a" / "train.npy").shape == (30, SEQ_LEN + 1)
+    huge = build_mixture(documents, tokenizer, replace(CONFIG, total_tokens=10**6), tmp_path / "b")
+    assert all(row["capped"] for row in huge["sources"].values())
+    assert huge["sources"]["math"]["short"]
+    assert huge["sources"]["math"]["achieved_share"] < 0.2
+    assert any("'math'" in warning and "fell short" in warning for warning in huge["warnings"])
+    assert any("every source hit its epoch cap" in warning for warning in huge["warnings"])
+
+
+def test_rebuilding_gives_byte_identical_files(built, corpus, tmp_path):
+    _, out_dir = built
+    documents, tokenizer = corpus
+    build_mixture(documents, tokenizer, CONFIG, tmp_path)
+    names = sorted(p.relative_to(out_dir) for p in out_dir.rglob("*") if p.is_file())
+    assert names == sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
+    for name in names:
+        assert (out_dir / name).read_bytes() == (tmp_path / name).read_bytes(), name
+
+
+def test_user_errors_raise_value_error(corpus, tmp_path):
+    documents, tokenizer = corpus
+    with pytest.raises(ValueError, match="unknown source 'web'"):
+        build_mixture(documents, tokenizer, MixtureConfig(weights={**CONFIG.weights, "web": 1.0}), tmp_path)
+    with pytest.raises(ValueError, match=r"\['code'\] have documents but no mixture weight"):
+        build_mixture(documents, tokenizer, MixtureConfig(weights={"cc": 1.0, "math": 1.0}), tmp_path)
+    with pytest.raises(ValueError, match="heldout_fraction"):
+        build_mixture(documents, tokenizer, replace(CONFIG, heldout_fraction=1.0), tmp_path)
+    with pytest.raises(ValueError, match="total_tokens"):
+        build_mixture(documents, tokenizer, replace(CONFIG, total_tokens=SEQ_LEN), tmp_path)
+    tiny = {source: table.slice(0, 1) for source, table in documents.items()}
+    with pytest.raises(ValueError, match="less than one sequence"):
+        build_mixture(tiny, tokenizer, replace(CONFIG, seq_len=4096, heldout_fraction=0.0), tmp_path / "tiny")
+    without_text = {**documents, "cc": documents["cc"].drop_columns("text")}
+    with pytest.raises(ValueError, match="source 'cc' have no 'text' column"):
+        build_mixture(without_text, tokenizer, CONFIG, tmp_path)
+    assert not (tmp_path / "shards").exists()  # every check above ran before any tokenisation
+
+
+@pytest.mark.parametrize(("num_sequences", "world_size"), [(0, 1), (10, 1), (10, 3), (7, 8), (1000, 64)])
+def test_rank_slices_are_disjoint_and_cover_every_row(num_sequences, world_size):
+    rows = [
+        list(range(num_sequences))[rank_slice(num_sequences, rank, world_size)] for rank in range(world_size)
+    ]
+    assert sum(rows, []) == list(range(num_sequences))
+    assert max(map(len, rows)) - min(map(len, rows)) <= 1
+    with pytest.raises(ValueError, match="outside world_size"):
+        rank_slice(num_sequences, world_size, world_size)
