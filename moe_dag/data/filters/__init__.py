@@ -1,0 +1,16 @@
+"""Document filters: each adds score columns and a keep/reason decision, never deleting a row."""
+
+from moe_dag.data.filters.base import DocumentFilter, FilterCounts, FilterStats, run_filters
+from moe_dag.data.filters.prefilter import PrefilterConfig, build_prefilters
+from moe_dag.data.filters.toxicity import ToxicityConfig, build_toxicity_filters
+
+__all__ = [
+    "DocumentFilter",
+    "FilterCounts",
+    "FilterStats",
+    "PrefilterConfig",
+    "ToxicityConfig",
+    "build_prefilters",
+    "build_toxicity_filters",
+    "run_filters",
+]

@@ -1,0 +1,146 @@
+"""The filter interface and the loop that runs a list of filters over an Arrow table.
+
+A filter answers one question per document: keep it (None) or drop it with a fixed reason code. Model
+filters first score a whole batch at once (`score`), because a model call per document is slow; the
+per-document `decide` then only compares those scores with thresholds. Rule filters may score nothing
+and read the text in `decide`, or compute their statistics in `score` so they land in the output as
+columns anyone can query later.
+
+`run_filters` never deletes a row: it returns every input row with each filter's score columns plus
+`keep` and `reason` (the first failing filter's code). A filter only sees the rows still kept, so its
+score columns are null where an earlier filter already dropped the document.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from moe_dag.data.schema import with_decisions
+
+
+class DocumentFilter(ABC):
+    """One keep-or-drop rule (or a small family of related rules) over document texts."""
+
+    name: str
+    # Every code `decide` can return, so a run can reject typos and a dashboard can list them up front.
+    reasons: tuple[str, ...]
+
+    def score(self, texts: list[str]) -> dict[str, np.ndarray]:
+        """Named score columns for `texts`, one value per text. Filters that only read text return {}."""
+        return {}
+
+    @abstractmethod
+    def decide(self, text: str, scores: dict[str, Any]) -> str | None:
+        """None to keep the document, else the reason code that drops it; `scores` is this row's scores."""
+
+
+@dataclass
+class FilterCounts:
+    """What one filter saw and did in one run."""
+
+    seen: int = 0
+    kept: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+@dataclass
+class FilterStats:
+    """Documents in and kept, and each filter's counts, in the order the filters ran."""
+
+    documents: int
+    kept: int
+    filters: dict[str, FilterCounts]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "documents": self.documents,
+            "kept": self.kept,
+            "dropped": self.documents - self.kept,
+            "filters": {name: asdict(counts) for name, counts in self.filters.items()},
+        }
+
+
+def run_filters(table: pa.Table, filters: Sequence[DocumentFilter]) -> tuple[pa.Table, FilterStats]:
+    """Run `filters` in order over the `text` column; return all rows with scores, `keep` and `reason`."""
+    if "text" not in table.column_names:
+        raise ValueError(f"run_filters needs a 'text' column; the table has {table.column_names}")
+    if table["text"].null_count:
+        raise ValueError(f"run_filters: {table['text'].null_count} rows have a null 'text'")
+    names = [f.name for f in filters]
+    if len(set(names)) != len(names):
+        raise ValueError(f"run_filters: filter names must be unique, got {names}")
+
+    texts: list[str] = table["text"].to_pylist()
+    keep = np.ones(len(texts), dtype=bool)
+    reason: list[str | None] = [None] * len(texts)
+    columns: dict[str, pa.Array] = {}
+    stats = FilterStats(documents=len(texts), kept=0, filters={})
+    for doc_filter in filters:
+        start = time.perf_counter()
+        rows = np.flatnonzero(keep)
+        counts = _apply_filter(doc_filter, texts, rows, keep, reason, columns)
+        counts.seconds = time.perf_counter() - start
+        stats.filters[doc_filter.name] = counts
+    stats.kept = int(keep.sum())
+
+    # A rerun over an already-scored table replaces its old score columns rather than duplicating them.
+    table = table.drop_columns([name for name in columns if name in table.column_names])
+    for name, values in columns.items():
+        table = table.append_column(name, values)
+    return with_decisions(table, keep.tolist(), reason), stats
+
+
+def _apply_filter(
+    doc_filter: DocumentFilter,
+    texts: list[str],
+    rows: np.ndarray,
+    keep: np.ndarray,
+    reason: list[str | None],
+    columns: dict[str, pa.Array],
+) -> FilterCounts:
+    """Score and decide the still-kept `rows`, updating `keep`, `reason` and `columns` in place."""
+    scores = doc_filter.score([texts[i] for i in rows])
+    for name, values in scores.items():
+        if name in columns or name in ("keep", "reason"):
+            raise ValueError(f"filter {doc_filter.name!r}: score column {name!r} is already taken")
+        if len(values) != len(rows):
+            raise ValueError(
+                f"filter {doc_filter.name!r}: score column {name!r} has {len(values)} values "
+                f"for {len(rows)} documents"
+            )
+        columns[name] = _scatter(values, rows, len(texts))
+
+    row_scores = {name: values.tolist() for name, values in scores.items()}
+    counts = FilterCounts(seen=len(rows))
+    for j, i in enumerate(rows.tolist()):
+        code = doc_filter.decide(texts[i], {name: values[j] for name, values in row_scores.items()})
+        if code is None:
+            continue
+        if code not in doc_filter.reasons:
+            raise ValueError(
+                f"filter {doc_filter.name!r} returned reason {code!r}, not one of {doc_filter.reasons}"
+            )
+        keep[i] = False
+        reason[i] = code
+        counts.dropped[code] = counts.dropped.get(code, 0) + 1
+    counts.kept = counts.seen - sum(counts.dropped.values())
+    return counts
+
+
+def _scatter(values: np.ndarray, rows: np.ndarray, length: int) -> pa.Array:
+    """A column of `length` rows holding `values` at `rows` and null everywhere else."""
+    values = np.asarray(values)
+    is_text = values.dtype == object or values.dtype.kind == "U"
+    full = np.full(length, None, dtype=object) if is_text else np.zeros(length, dtype=values.dtype)
+    full[rows] = values
+    mask = np.ones(length, dtype=bool)
+    mask[rows] = False
+    return pa.array(full, mask=mask, type=pa.string() if is_text else None)
