@@ -1,0 +1,304 @@
+"""Read raw Dolma-format shards (JSON lines, gzip or zstd compressed, or parquet) into document tables.
+
+A shard is read line by line from its bytes, so a bad line (invalid JSON, invalid UTF-8, a missing or
+mistyped field) becomes one quarantine row naming the shard, the line and the error while every other
+line is kept. A compressed stream that ends early keeps the lines decoded before the cut and adds one
+quarantine row "truncated compressed stream" at the line after the last complete one. Only a shard that
+cannot be opened at all (missing, not the compression its name says, not parquet) raises
+`ShardReadError`.
+
+Dolma fields map onto `DOCUMENT_SCHEMA`: the `source` column is the configured source name (the
+partition key) and the document's own `source` moves into the metadata as `dolma_source`, as does any
+other unknown top-level field (`dolma_<name>`), so nothing in a line is silently dropped. Blank lines
+are skipped without a quarantine row but still count for line numbers.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import gzip
+import json
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import IO, Any
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+import zstandard
+from tqdm.auto import tqdm
+
+from moe_dag.data.schema import DOCUMENT_SCHEMA, QUARANTINE_SCHEMA
+
+SHARD_SUFFIXES = (".jsonl", ".jsonl.gz", ".json.gz", ".jsonl.zst", ".json.zst", ".parquet")
+DOLMA_FIELDS = ("id", "text", "source", "added", "created", "metadata")
+MAX_RAW_CHARS = 1000
+CHUNK_BYTES = 1 << 20
+
+
+class ShardReadError(ValueError):
+    """A shard that cannot be opened or decoded at all."""
+
+
+class _StreamEnded(Exception):
+    """The compressed stream broke after some data was decoded; the message is the quarantine error."""
+
+
+class _RowError(ValueError):
+    """One line that cannot become a document; the message is the quarantine error."""
+
+
+@dataclass
+class ShardReadResult:
+    documents: pa.Table  # DOCUMENT_SCHEMA
+    quarantine: pa.Table  # QUARANTINE_SCHEMA
+    # Records met, counted apart from the tables: non-blank lines (parquet rows), plus one for the cut
+    # record of a truncated stream. A reader that lost a row would break documents + quarantine == this.
+    lines_read: int
+
+
+def list_shards(location: str) -> list[str]:
+    """Sorted shard paths under `location` (a folder or an fsspec URL), searched recursively."""
+    fs, root = fsspec.core.url_to_fs(location)
+    if not fs.exists(root):
+        raise ValueError(f"shard location {location!r} does not exist")
+    found = [root] if fs.isfile(root) else fs.find(root)
+    shards = sorted(p for p in found if p.endswith(SHARD_SUFFIXES))
+    if not shards:
+        raise ValueError(f"shard location {location!r} holds no shard ({', '.join(SHARD_SUFFIXES)})")
+    # Local paths stay plain; other filesystems need their protocol back for fsspec.open to find them.
+    if "file" in _protocols(fs):
+        return shards
+    return [fs.unstrip_protocol(p) for p in shards]
+
+
+def read_shards(paths: Sequence[str], source: str) -> ShardReadResult:
+    """Read several shards of one source and concatenate their documents and quarantine rows."""
+    results = [read_shard(p, source) for p in tqdm(paths, desc=f"read {source}", unit="shard", disable=None)]
+    return ShardReadResult(
+        documents=pa.concat_tables([DOCUMENT_SCHEMA.empty_table()] + [r.documents for r in results]),
+        quarantine=pa.concat_tables([QUARANTINE_SCHEMA.empty_table()] + [r.quarantine for r in results]),
+        lines_read=sum(r.lines_read for r in results),
+    )
+
+
+def read_shard(path: str, source: str) -> ShardReadResult:
+    """Read one shard; bad rows go to quarantine, an unopenable shard raises `ShardReadError`."""
+    builder = _TableBuilder(shard=path, source=source)
+    try:
+        with fsspec.open(path, "rb") as raw:
+            if path.endswith(".parquet"):
+                _read_parquet(raw, path, builder)
+            else:
+                _read_json_lines(raw, path, builder)
+    except FileNotFoundError as e:
+        raise ShardReadError(f"shard {path!r} does not exist") from e
+    except OSError as e:
+        raise ShardReadError(f"shard {path!r} cannot be read: {e}") from e
+    return builder.result()
+
+
+def _read_json_lines(raw: IO[bytes], path: str, builder: _TableBuilder) -> None:
+    line_no = 0
+    pending = b""
+    try:
+        for chunk in _decompressed_chunks(raw, path):
+            lines = (pending + chunk).split(b"\n")
+            pending = lines.pop()
+            for line in lines:
+                line_no += 1
+                builder.add_json_line(line_no, line)
+    except _StreamEnded as e:
+        # The bytes after the last newline are what survived of the cut record.
+        builder.add_cut_record(line_no + 1, str(e), pending)
+        return
+    if pending:
+        builder.add_json_line(line_no + 1, pending)
+
+
+def _decompressed_chunks(raw: IO[bytes], path: str) -> Iterator[bytes]:
+    if path.endswith(".gz"):
+        yield from _gzip_chunks(raw, path)
+    elif path.endswith(".zst"):
+        yield from _zstd_chunks(raw, path)
+    else:
+        yield from iter(lambda: raw.read(CHUNK_BYTES), b"")
+
+
+def _gzip_chunks(raw: IO[bytes], path: str) -> Iterator[bytes]:
+    stream = gzip.GzipFile(fileobj=raw, mode="rb")
+    decoded_any = False
+    while True:
+        try:
+            chunk = stream.read1(CHUNK_BYTES)  # read() would drop what it decoded before a failure
+        except EOFError as e:
+            raise _StreamEnded("truncated compressed stream") from e
+        except (gzip.BadGzipFile, zlib.error) as e:
+            if not decoded_any:
+                raise ShardReadError(f"shard {path!r} is not a valid gzip stream: {e}") from e
+            raise _StreamEnded(f"corrupt compressed stream: {e}") from e
+        if not chunk:
+            return
+        decoded_any = True
+        yield chunk
+
+
+def _zstd_chunks(raw: IO[bytes], path: str) -> Iterator[bytes]:
+    # A stream reader returns a silent EOF on a cut frame; a decompressobj exposes `eof`, so a frame
+    # that ran out of input is seen. A shard may hold several concatenated frames.
+    dctx = zstandard.ZstdDecompressor()
+    frame = dctx.decompressobj()
+    frame_started = decoded_any = False
+    for data in iter(lambda: raw.read(CHUNK_BYTES), b""):
+        while data:
+            frame_started = True
+            try:
+                out = frame.decompress(data)
+            except zstandard.ZstdError as e:
+                if not decoded_any:
+                    raise ShardReadError(f"shard {path!r} is not a valid zstd stream: {e}") from e
+                raise _StreamEnded(f"corrupt compressed stream: {e}") from e
+            if out:
+                decoded_any = True
+                yield out
+            data = b""
+            if frame.eof:
+                data = frame.unused_data
+                frame = dctx.decompressobj()
+                frame_started = False
+    if frame_started:
+        raise _StreamEnded("truncated compressed stream")
+
+
+def _read_parquet(raw: IO[bytes], path: str, builder: _TableBuilder) -> None:
+    try:
+        parquet = pq.ParquetFile(raw)
+    except (pa.ArrowException, OSError) as e:
+        raise ShardReadError(f"shard {path!r} is not a readable parquet file: {e}") from e
+    missing = [f for f in ("id", "text") if f not in parquet.schema_arrow.names]
+    if missing:
+        raise ShardReadError(f"parquet shard {path!r} has no column {missing[0]!r}")
+    row_no = 0
+    for batch in parquet.iter_batches():
+        for record in batch.to_pylist():
+            row_no += 1
+            builder.add_record(row_no, record, raw=lambda r=record: json.dumps(r, default=str))
+
+
+class _TableBuilder:
+    """Accumulates document and quarantine columns for one shard."""
+
+    def __init__(self, *, shard: str, source: str) -> None:
+        self.shard, self.source = shard, source
+        self.docs: dict[str, list[Any]] = {name: [] for name in DOCUMENT_SCHEMA.names}
+        self.errors: dict[str, list[Any]] = {name: [] for name in QUARANTINE_SCHEMA.names}
+        self.lines_read = 0
+
+    def add_json_line(self, line_no: int, line: bytes) -> None:
+        if not line.strip():
+            return
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            self.lines_read += 1
+            self._quarantine(line_no, f"invalid UTF-8 at byte {e.start}", line)
+            return
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError as e:
+            self.lines_read += 1
+            self._quarantine(line_no, f"invalid JSON: {e.msg.removesuffix(' at')} at column {e.colno}", line)
+            return
+        self.add_record(line_no, record, raw=lambda: text)
+
+    def add_record(self, line_no: int, record: Any, raw: Callable[[], str]) -> None:
+        """One decoded record; `raw` renders it for the quarantine only when it is rejected."""
+        self.lines_read += 1
+        try:
+            row = _document_row(record)
+        except _RowError as e:
+            self._quarantine(line_no, str(e), raw())
+            return
+        row.update(source=self.source, shard=self.shard, line=line_no)
+        for name, value in row.items():
+            self.docs[name].append(value)
+
+    def add_cut_record(self, line_no: int, error: str, partial: bytes) -> None:
+        self.lines_read += 1
+        self._quarantine(line_no, error, partial)
+
+    def _quarantine(self, line_no: int, error: str, raw: bytes | str) -> None:
+        if isinstance(raw, bytes):
+            raw = raw[: 4 * MAX_RAW_CHARS].decode("utf-8", errors="replace")
+        raw = raw[:MAX_RAW_CHARS].encode("utf-8", errors="replace").decode("utf-8")  # drops lone surrogates
+        row = {"source": self.source, "shard": self.shard, "line": line_no, "error": error, "raw": raw}
+        for name, value in row.items():
+            self.errors[name].append(value)
+
+    def result(self) -> ShardReadResult:
+        return ShardReadResult(
+            documents=pa.table(self.docs, schema=DOCUMENT_SCHEMA),
+            quarantine=pa.table(self.errors, schema=QUARANTINE_SCHEMA),
+            lines_read=self.lines_read,
+        )
+
+
+def _document_row(record: Any) -> dict[str, Any]:
+    """Map one Dolma record onto the document columns it fills itself, or raise `_RowError`."""
+    if not isinstance(record, dict):
+        raise _RowError(f"record is not a JSON object (got {type(record).__name__})")
+    for name in ("id", "text"):
+        if name not in record:
+            raise _RowError(f"missing field {name!r}")
+    doc_id, text = record["id"], record["text"]
+    if isinstance(doc_id, bool) or not isinstance(doc_id, str | int | float):
+        raise _RowError("field 'id' is not a string or a number")
+    if not isinstance(text, str):
+        raise _RowError("field 'text' is not a string")
+    metadata = record.get("metadata")
+    if isinstance(metadata, str):  # parquet shards may carry metadata already serialised
+        try:
+            metadata = json.loads(metadata)
+        except json.JSONDecodeError as e:
+            raise _RowError(f"field 'metadata' holds invalid JSON: {e.msg} at column {e.colno}") from e
+    if metadata is None:
+        metadata = {}
+    if not isinstance(metadata, dict):
+        raise _RowError("field 'metadata' is not an object")
+    metadata = dict(metadata)
+    for name, value in record.items():
+        if name not in DOLMA_FIELDS or name == "source":
+            metadata[f"dolma_{name}"] = value
+    row = {
+        "id": str(doc_id),
+        "text": text,
+        "added": _timestamp(record.get("added")),
+        "created": _timestamp(record.get("created")),
+        "metadata": json.dumps(metadata, sort_keys=True, ensure_ascii=False, default=str),
+    }
+    for name, value in row.items():
+        # json.loads accepts lone surrogates ("\ud800") that no UTF-8 column can hold.
+        if isinstance(value, str) and not _encodable(value):
+            raise _RowError(f"field {name!r} holds an unpaired surrogate")
+    return row
+
+
+def _timestamp(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, dt.datetime | dt.date):
+        return value.isoformat()
+    return str(value)
+
+
+def _encodable(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
+    return (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
