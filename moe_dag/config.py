@@ -23,7 +23,7 @@ from moe_dag.data.demo_corpus import DemoCorpusConfig
 from moe_dag.data.filters import PrefilterConfig, ToxicityConfig
 from moe_dag.data.heads import BackboneConfig, HeadTrainConfig
 from moe_dag.data.mixture import MixtureConfig
-from moe_dag.data.oracle import OpenAICompatibleConfig
+from moe_dag.data.oracle import OpenAICompatibleConfig, VLLMEngineConfig
 from moe_dag.data.tokenizer import TokenizerConfig
 
 CONFIG_ENV_VAR = "MOE_DAG_CONFIG"
@@ -40,6 +40,8 @@ class SourceConfig:
     languages: list[str] | None = None  # None: skip language ID; []: any confidently identified language
     keep_rate: float = 0.7  # the share of scored documents the quality heads keep
     mixture_weight: float = 1.0  # relative share of training tokens
+    # Prefilter fields that differ for this source (e.g. a punctuation rule unfit for UI strings).
+    prefilter: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(kw_only=True)
@@ -47,7 +49,12 @@ class OracleConfig:
     backend: Literal["rules", "openai", "vllm"] = "rules"
     per_source: int = 200  # documents labelled per source
     seed: int = 0
-    openai: OpenAICompatibleConfig = field(default_factory=OpenAICompatibleConfig)
+    openai: OpenAICompatibleConfig = field(default_factory=OpenAICompatibleConfig)  # backend "openai"
+    vllm: VLLMEngineConfig = field(default_factory=VLLMEngineConfig)  # backend "vllm"
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("rules", "openai", "vllm"):
+            raise ValueError(f"oracle.backend must be rules, openai or vllm, got {self.backend!r}")
 
 
 @dataclass(kw_only=True)
@@ -74,7 +81,7 @@ class PipelineConfig:
     backbone: BackboneConfig = field(default_factory=BackboneConfig)
     heads: HeadTrainConfig = field(default_factory=HeadTrainConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
-    mixture: MixtureConfig = field(default_factory=lambda: MixtureConfig(weights={}))
+    mixture: MixtureConfig  # its weights come from the sources' mixture_weight
     training: TrainingLaunchConfig = field(default_factory=TrainingLaunchConfig)
     demo_corpus: DemoCorpusConfig | None = None
 
@@ -88,10 +95,8 @@ class PipelineConfig:
                 return source
         raise KeyError(f"no source named {name!r} in {self.path}; sources: {self.source_names}")
 
-    def mixture_config(self) -> MixtureConfig:
-        """The mixture config with its weights taken from the sources."""
-        weights = {source.name: source.mixture_weight for source in self.sources}
-        return dataclasses.replace(self.mixture, weights=weights)
+    def prefilter_for(self, source: SourceConfig) -> PrefilterConfig:
+        return dataclasses.replace(self.prefilter, **source.prefilter)
 
 
 def config_path_from_env() -> Path:
@@ -106,10 +111,23 @@ def load_config(path: str | Path) -> PipelineConfig:
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: the top level must be a mapping")
     raw["path"] = path
+    # Mixture weights live on the sources, beside everything else about a source.
+    mixture = raw.setdefault("mixture", {}) or {}
+    if "weights" in mixture:
+        raise ValueError(f"{path}: mixture.weights is taken from sources[].mixture_weight; remove it")
+    mixture["weights"] = {
+        s.get("name"): s.get("mixture_weight", 1.0) for s in raw.get("sources") or [] if isinstance(s, dict)
+    }
+    raw["mixture"] = mixture
     config = _build(PipelineConfig, raw, path, "")
     if not config.sources:
         raise ValueError(f"{path}: 'sources' lists no source")
     names = config.source_names
+    for source in config.sources:
+        try:
+            config.prefilter_for(source)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"{path}: sources[{source.name}].prefilter: {error}") from error
     if len(set(names)) != len(names):
         raise ValueError(f"{path}: source names must be unique, got {names}")
     return config
@@ -122,7 +140,9 @@ def _build(cls: type, values: Any, path: Path, where: str) -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - set(fields))
     if unknown:
-        raise ValueError(f"{path}: unknown key(s) {unknown} in {where or 'top level'}; known: {sorted(fields)}")
+        raise ValueError(
+            f"{path}: unknown key(s) {unknown} in {where or 'top level'}; known: {sorted(fields)}"
+        )
     kwargs = {}
     for name, value in values.items():
         key_path = f"{where}.{name}" if where else name

@@ -2,7 +2,18 @@
 
 import dagster as dg
 
-from moe_dag.assets import catalog, dedup, heads, ingest, mixture, oracle, prefilter, scoring, toxicity, training
+from moe_dag.assets import (
+    catalog,
+    dedup,
+    heads,
+    ingest,
+    mixture,
+    oracle,
+    prefilter,
+    scoring,
+    toxicity,
+    training,
+)
 from moe_dag.assets.partitions import SOURCE_PARTITIONS
 from moe_dag.resources import PipelineResource
 
@@ -11,17 +22,13 @@ all_assets = dg.load_assets_from_modules(ASSET_MODULES)
 
 curate_source = dg.define_asset_job(
     "curate_source",
-    selection=dg.AssetSelection.assets(
-        "raw_documents", "prefiltered", "minhash_signatures"
-    ),
-    partitions_def=SOURCE_PARTITIONS,
+    selection=dg.AssetSelection.assets("raw_documents", "prefiltered", "minhash_signatures"),
     description="Read and prefilter one source (backfill a partition to redo one source alone).",
 )
 
 rescore_sources = dg.define_asset_job(
     "rescore_sources",
     selection=dg.AssetSelection.assets("scored_documents"),
-    partitions_def=SOURCE_PARTITIONS,
     description="Rescore every source's documents with the current quality heads.",
 )
 
@@ -30,7 +37,9 @@ rescore_sources = dg.define_asset_job(
 def weekly_rescoring(context: dg.ScheduleEvaluationContext):
     """Sunday 03:00: one rescoring run per source, so a new heads version reaches every partition."""
     for source in SOURCE_PARTITIONS.get_partition_keys():
-        yield dg.RunRequest(run_key=f"{context.scheduled_execution_time:%Y-%m-%d}-{source}", partition_key=source)
+        yield dg.RunRequest(
+            run_key=f"{context.scheduled_execution_time:%Y-%m-%d}-{source}", partition_key=source
+        )
 
 
 defs = dg.Definitions(

@@ -9,7 +9,7 @@ import dagster as dg
 from moe_dag.config import PipelineConfig, config_path_from_env, load_config
 from moe_dag.data.catalog import Catalog
 from moe_dag.data.lake import Lake
-from moe_dag.data.oracle import Oracle, build_oracle
+from moe_dag.data.oracle import OpenAICompatibleOracle, Oracle, RuleBasedOracle, VLLMEngineOracle
 
 
 class PipelineResource(dg.ConfigurableResource):
@@ -31,4 +31,8 @@ class PipelineResource(dg.ConfigurableResource):
 
     def oracle(self) -> Oracle:
         settings = self.config.oracle
-        return build_oracle(settings.backend, openai=settings.openai)
+        if settings.backend == "openai":
+            return OpenAICompatibleOracle(settings.openai)
+        if settings.backend == "vllm":
+            return VLLMEngineOracle(settings.vllm)
+        return RuleBasedOracle()

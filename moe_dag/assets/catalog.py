@@ -1,6 +1,5 @@
 """document_catalog: DuckDB views over every stage, and the per-stage reconciliation of each source."""
 
-from __future__ import annotations
 
 import dagster as dg
 
@@ -67,7 +66,9 @@ def document_catalog(pipeline: PipelineResource) -> dg.MaterializeResult:
         },
         check_results=[
             dg.AssetCheckResult(
-                check_name="stages_chain", passed=not broken, metadata={"breaks": dg.MetadataValue.json(broken)}
+                check_name="stages_chain",
+                passed=not broken,
+                metadata={"breaks": dg.MetadataValue.json(broken)},
             )
         ],
     )

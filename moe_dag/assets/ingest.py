@@ -1,6 +1,5 @@
 """raw_documents: read one source's shards into the lake; unreadable rows go to quarantine."""
 
-from __future__ import annotations
 
 import time
 
@@ -41,7 +40,11 @@ def raw_documents(context: dg.AssetExecutionContext, pipeline: PipelineResource)
             dg.AssetCheckResult(
                 check_name=RECONCILES,
                 passed=documents + quarantined == result.lines_read,
-                metadata={"lines_read": result.lines_read, "documents": documents, "quarantined": quarantined},
+                metadata={
+                    "lines_read": result.lines_read,
+                    "documents": documents,
+                    "quarantined": quarantined,
+                },
             )
         ],
     )

@@ -1,6 +1,5 @@
 """tokenizer and tokenized_mixture: a BPE tokenizer on the kept documents, then packed token sequences."""
 
-from __future__ import annotations
 
 import dagster as dg
 
@@ -33,13 +32,18 @@ def tokenizer(pipeline: PipelineResource) -> dg.MaterializeResult:
     )
 
 
-@dg.asset(group_name="training", kinds={"numpy"}, deps=["tokenizer", "scored_documents"])
+@dg.asset(
+    group_name="training",
+    kinds={"numpy"},
+    deps=["tokenizer", "scored_documents"],
+    check_specs=[dg.AssetCheckSpec("target_shares_met", asset="tokenized_mixture")],
+)
 def tokenized_mixture(pipeline: PipelineResource) -> dg.MaterializeResult:
     """Packed training sequences drawn by the sources' mixture weights, plus held-out documents."""
     lake = pipeline.lake
     trained = load_tokenizer(lake.artifact_dir("tokenizer") / TOKENIZER_FILE)
     out_dir = lake.artifact_dir("tokenized_mixture")
-    report = build_mixture(_kept_scored(pipeline), trained, pipeline.config.mixture_config(), out_dir)
+    report = build_mixture(_kept_scored(pipeline), trained, pipeline.config.mixture, out_dir)
     sources = report["sources"]
     names = sorted(sources)
     plot = bars_png(
@@ -60,5 +64,13 @@ def tokenized_mixture(pipeline: PipelineResource) -> dg.MaterializeResult:
             ),
             "plot": dg.MetadataValue.md(png_markdown(plot, "target vs achieved token shares")),
             "path": dg.MetadataValue.path(str(out_dir)),
-        }
+        },
+        # Not blocking: a small source hitting its epoch cap is worth a look, not a stop.
+        check_results=[
+            dg.AssetCheckResult(
+                check_name="target_shares_met",
+                passed=not report["warnings"],
+                metadata={"warnings": dg.MetadataValue.json(report["warnings"])},
+            )
+        ],
     )

@@ -1,6 +1,5 @@
 """oracle_sample and oracle_labels: a stratified sample of the filtered documents, labelled on rubrics."""
 
-from __future__ import annotations
 
 import time
 
@@ -37,8 +36,12 @@ def oracle_labels(context: dg.AssetExecutionContext, pipeline: PipelineResource)
     config = pipeline.config
     sample = pipeline.lake.read_table("oracle_sample")
     requests = [
-        LabelRequest(id=row["id"], text=row["text"], source=row["source"],
-                     rubric=rubric_for_kind(config.source(row["source"]).kind).name)
+        LabelRequest(
+            id=row["id"],
+            text=row["text"],
+            source=row["source"],
+            rubric=rubric_for_kind(config.source(row["source"]).kind).name,
+        )
         for row in sample.to_pylist()
     ]
     oracle = pipeline.oracle()

@@ -1,6 +1,5 @@
 """Plots shown in the Dagster UI, embedded in markdown metadata as PNG data URLs."""
 
-from __future__ import annotations
 
 import base64
 import io

@@ -17,5 +17,5 @@ from moe_dag.resources import PipelineResource
 )
 def prefiltered(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
     source = pipeline.config.source(context.partition_key)
-    filters = build_prefilters(pipeline.config.prefilter, source.kind, source.languages)
+    filters = build_prefilters(pipeline.config.prefilter_for(source), source.kind, source.languages)
     return run_filter_stage(pipeline.lake, source.name, "raw_documents", "prefiltered", filters)

@@ -1,6 +1,5 @@
 """What every filtering stage reports: reconciliation, drop reasons and timing, as metadata and checks."""
 
-from __future__ import annotations
 
 import time
 from collections.abc import Sequence

@@ -1,6 +1,5 @@
 """moe_proxy and proxy_eval: train the MoE proxy in its own process, then score held-out text."""
 
-from __future__ import annotations
 
 import hashlib
 import json
@@ -20,7 +19,12 @@ from moe_dag.training.evaluate import evaluate_checkpoint
 def training_command(launch: TrainingLaunchConfig, data_dir: Path, out_dir: Path) -> list[str]:
     """The command line of the training process: plain python for one process, torchrun for more."""
     if launch.nproc_per_node > 1:
-        launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={launch.nproc_per_node}"]
+        launcher = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc-per-node={launch.nproc_per_node}",
+        ]
     else:
         launcher = [sys.executable]
     arguments = ["--data", str(data_dir), "--out", str(out_dir), "--preset", launch.preset]
