@@ -1,0 +1,110 @@
+"""Early-exit scoring against a full forward pass of the same backbone and heads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+import torch
+
+from moe_dag.data.heads import (
+    BackboneConfig,
+    JudgeHead,
+    JudgeHeadConfig,
+    ProbeHead,
+    QualityHeads,
+    Thresholds,
+    heads_version,
+    load_backbone,
+)
+from moe_dag.data.schema import reason_counts
+from moe_dag.data.scoring import JUDGE_DROP, PROBE_EXIT, early_exit_summary, score_documents
+
+TEXTS = [
+    "Rivers carry sediment from the mountains to the sea, building deltas over thousands of years.",
+    "buy now buy now buy now",
+    "The derivative of a function measures how its output changes as its input changes.",
+    "#### $$$$ @@@@",
+    "In 1905 Einstein published four papers that changed physics.",
+    "ok",
+    "A hash table maps keys to values using a hash function to pick a bucket for each key.",
+    "lorem ipsum dolor sit amet lorem ipsum dolor sit amet",
+    "Bread rises because yeast ferments sugars and releases carbon dioxide into the dough.",
+    "click here click here",
+    "Tides are caused mainly by the gravitational pull of the moon on the oceans.",
+]
+
+
+@pytest.fixture(scope="module")
+def setup():
+    backbone = load_backbone(BackboneConfig(max_tokens=24, batch_size=4))
+    torch.manual_seed(0)
+    heads = QualityHeads(ProbeHead(384), JudgeHead(384, JudgeHeadConfig(d_model=16, n_heads=2))).eval()
+    table = pa.table(
+        {
+            "id": [f"doc-{i}" for i in range(len(TEXTS))],
+            "text": TEXTS,
+            "source": ["web"] * len(TEXTS),
+        }
+    )
+    return backbone, heads, table
+
+
+def _full_forward(backbone, heads, texts):
+    """Both heads on the model's own output_hidden_states, with no early exit."""
+    ids, mask = backbone.tokenize(texts)
+    with torch.no_grad():
+        hidden = backbone.model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
+        probe = heads.probe(hidden[backbone.config.probe_layer], mask)
+        judge = heads.judge(hidden[backbone.config.judge_layer], mask)
+    return probe.numpy(), judge.numpy()
+
+
+def test_early_exit_matches_full_forward_and_accounts_for_every_row(setup):
+    backbone, heads, table = setup
+    probe_full, judge_full = _full_forward(backbone, heads, TEXTS)
+    # Thresholds inside the score ranges, so both exits and both judge outcomes occur.
+    thresholds = Thresholds(tau_drop=float(np.median(probe_full)), tau_keep=float(np.median(judge_full)))
+    judged_rows = []
+    hook = heads.judge.register_forward_hook(lambda module, args, out: judged_rows.append(len(out)))
+    try:
+        scored = score_documents(table, backbone, heads, thresholds, batch_size=4)
+    finally:
+        hook.remove()
+
+    assert scored["id"].to_pylist() == table["id"].to_pylist()
+    exited = np.asarray([r == PROBE_EXIT for r in scored["reason"].to_pylist()])
+    assert exited.sum() == (probe_full < thresholds.tau_drop).sum() > 0
+    judge = scored["judge_score"]
+    assert judge.null_count == exited.sum()
+    assert all(judge[i].as_py() is None for i in np.flatnonzero(exited))
+    assert sum(judged_rows) == len(TEXTS) - exited.sum()  # the judge never saw an exited document
+
+    np.testing.assert_allclose(scored["probe_score"].to_numpy(), probe_full, rtol=1e-5, atol=1e-5)
+    stayed = ~exited
+    judged = np.asarray([judge[i].as_py() for i in np.flatnonzero(stayed)])
+    np.testing.assert_allclose(judged, judge_full[stayed], rtol=1e-5, atol=1e-5)
+
+    keep = np.asarray(scored["keep"].to_pylist())
+    np.testing.assert_array_equal(keep, stayed & (judge_full >= thresholds.tau_keep))
+    counts = reason_counts(scored)
+    assert keep.sum() + sum(counts.values()) == table.num_rows
+    assert set(counts) <= {PROBE_EXIT, JUDGE_DROP} and counts[PROBE_EXIT] == exited.sum()
+    assert pc.all(pc.equal(scored["heads_version"], heads_version(heads, backbone.config))).as_py()
+
+    summary = early_exit_summary(scored, backbone.config)
+    assert summary["early_exit_rate"] == exited.mean()
+    assert summary["layer_compute_saved"] == pytest.approx(exited.mean() * 3 / 6)
+
+
+def test_rescoring_replaces_old_columns(setup):
+    backbone, heads, table = setup
+    thresholds = Thresholds(tau_drop=0.0, tau_keep=0.0)  # nothing exits, everything is kept
+    scored = score_documents(table, backbone, heads, thresholds, batch_size=8)
+    assert scored["judge_score"].null_count == 0 and all(scored["keep"].to_pylist())
+    again = score_documents(scored, backbone, heads, Thresholds(tau_drop=1.0, tau_keep=1.0), batch_size=8)
+    assert again.column_names == scored.column_names
+    assert set(again["reason"].to_pylist()) == {PROBE_EXIT} and again["judge_score"].null_count == len(TEXTS)
+    empty = score_documents(table.slice(0, 0), backbone, heads, thresholds, batch_size=8)
+    assert empty.num_rows == 0 and empty.column_names == scored.column_names
