@@ -1,0 +1,128 @@
+"""RMSNorm: the Triton kernels, run by Triton's interpreter on CPU, against a float64 reference.
+
+Triton picks compiled or interpreted when a kernel is decorated, that is when moe_dag.kernels.rmsnorm is
+first imported, and the choice holds for the whole process. So the kernels run in a child Python started
+with TRITON_INTERPRET=1 (this file run as a script), which saves inputs and results; the assertions run
+here. Setting the variable in this process instead would leak into every test that runs after this one.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from moe_dag.kernels import rmsnorm
+from moe_dag.kernels.rmsnorm import TritonRMSNorm, rms_norm, rms_norm_reference, use_triton_rms_norm
+
+EPS = 1e-6
+# shape, x dtype, weight dtype: leading dimensions of any rank, hidden sizes that are not powers of two,
+# and bf16 activations with float32 weights as under mixed precision.
+CASES = {
+    "fp32_3d_d96": ((3, 5, 96), torch.float32, torch.float32),
+    "fp32_2d_d64": ((7, 64), torch.float32, torch.float32),
+    "bf16_2d_d80": ((9, 80), torch.bfloat16, torch.bfloat16),
+    "bf16_x_fp32_weight_d48": ((2, 3, 48), torch.bfloat16, torch.float32),
+}
+# bf16 results are float32 maths cast once to bf16. Compiled Triton rounds that cast to nearest (half an
+# ulp, 2^-8 relative), but the interpreter truncates (triton/runtime/interpreter.py, _convert_float), so
+# the bound here is one ulp: 2^-7 relative.
+TOLERANCES = {
+    torch.float32: {"rtol": 1e-5, "atol": 1e-5},
+    torch.bfloat16: {"rtol": 2**-7, "atol": 1e-5},
+}
+
+
+def run_kernels(out_path: str) -> None:
+    """In the child: run every case forward and backward through the Triton op, then check the op."""
+    assert rmsnorm.INTERPRETED, "the child must start with TRITON_INTERPRET=1"
+    torch.manual_seed(0)
+    cases = {}
+    for name, (shape, x_dtype, weight_dtype) in CASES.items():
+        x = torch.randn(shape).to(x_dtype).requires_grad_()
+        weight = (1 + 0.1 * torch.randn(shape[-1])).to(weight_dtype).requires_grad_()
+        dy = torch.randn(shape).to(x_dtype)
+        y = rms_norm(x, weight, EPS)
+        y.backward(dy)
+        cases[name] = {"x": x.detach(), "weight": weight.detach(), "dy": dy, "y": y.detach()}
+        cases[name] |= {"dx": x.grad, "dweight": weight.grad}
+    # Schema, fake (meta) implementations and autograd registration, as torch.compile relies on them.
+    x, weight = torch.randn(4, 24, requires_grad=True), torch.randn(24, requires_grad=True)
+    torch.library.opcheck(torch.ops.moe_dag.rms_norm_forward.default, (x, weight, EPS))
+    # The backward op is not differentiable itself (no double backward), so it gets plain tensors.
+    dy, rstd = torch.randn(4, 24), torch.rand(4) + 0.5
+    backward_args = (dy, x.detach(), weight.detach(), rstd)
+    torch.library.opcheck(torch.ops.moe_dag.rms_norm_backward.default, backward_args)
+    torch.save(cases, out_path)
+
+
+@pytest.fixture(scope="module")
+def interpreted(tmp_path_factory) -> dict[str, dict[str, torch.Tensor]]:
+    out_path = tmp_path_factory.mktemp("rmsnorm") / "cases.pt"
+    child = subprocess.run(
+        [sys.executable, __file__, str(out_path)],
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert child.returncode == 0, child.stderr[-4000:]
+    return torch.load(out_path)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_triton_forward_and_gradients_match_float64(interpreted, name):
+    case = interpreted[name]
+    x = case["x"].double().requires_grad_()
+    weight = case["weight"].double().requires_grad_()
+    rms_norm_reference(x, weight, EPS).backward(case["dy"].double())
+    expected = rms_norm_reference(x.detach(), weight.detach(), EPS)
+
+    x_tol, weight_tol = TOLERANCES[case["x"].dtype], TOLERANCES[case["weight"].dtype]
+    assert case["y"].dtype == case["x"].dtype and case["dweight"].dtype == case["weight"].dtype
+    torch.testing.assert_close(case["y"].double(), expected, **x_tol)
+    torch.testing.assert_close(case["dx"].double(), x.grad, **x_tol)
+    torch.testing.assert_close(case["dweight"].double(), weight.grad, **weight_tol)
+
+
+def test_reference_matches_torch_rms_norm():
+    x, weight = torch.randn(4, 6, 40, dtype=torch.float64), torch.randn(40, dtype=torch.float64)
+    expected = nn.functional.rms_norm(x, (40,), weight, EPS)
+    torch.testing.assert_close(rms_norm_reference(x, weight, EPS), expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.skipif(rmsnorm.INTERPRETED, reason="TRITON_INTERPRET=1 routes CPU tensors to Triton")
+def test_cpu_tensors_use_the_reference_when_not_interpreted():
+    x, weight = torch.randn(3, 40), torch.randn(40)
+    assert torch.equal(rms_norm(x, weight, EPS), rms_norm_reference(x, weight, EPS))
+
+
+def test_use_triton_rms_norm_swaps_only_weighted_last_dim_norms():
+    model = nn.Sequential(nn.RMSNorm(8), nn.Linear(8, 8), nn.RMSNorm(8, elementwise_affine=False))
+    x = torch.randn(2, 8)
+    before, keys = model(x), list(model.state_dict())
+
+    assert use_triton_rms_norm(model) == 1
+    assert type(model[0]) is TritonRMSNorm and type(model[2]) is nn.RMSNorm
+    assert list(model.state_dict()) == keys
+    # nn.RMSNorm's eps=None means the dtype's machine epsilon; the swapped module must keep that.
+    torch.testing.assert_close(model(x), before)
+
+
+def test_rows_wider_than_the_kernels_take_are_a_value_error_in_the_op_and_the_reference_in_rms_norm():
+    width = rmsnorm.MAX_HIDDEN_SIZE + 1
+    x, weight = torch.randn(2, width), torch.ones(width)
+    with pytest.raises(ValueError, match=f"hidden size up to {rmsnorm.MAX_HIDDEN_SIZE}, got {width}"):
+        rmsnorm.rms_norm_forward(x, weight, EPS)
+    assert torch.equal(rms_norm(x, weight, EPS), rms_norm_reference(x, weight, EPS))
+
+
+def test_weight_of_the_wrong_shape_is_a_value_error():
+    with pytest.raises(ValueError, match=r"weight of shape \(D,\).*\(3, 40\).*\(41,\)"):
+        rms_norm(torch.randn(3, 40), torch.randn(41), EPS)
+
+
+if __name__ == "__main__":
+    run_kernels(sys.argv[1])
