@@ -1,0 +1,125 @@
+"""A decoder-only mixture-of-experts transformer, free of any parallelism or training machinery.
+
+tokens -> embedding x embedding_multiplier -> n_layers pre-norm blocks (attention, then a dense SwiGLU
+in the first `first_dense_layers` blocks and an MoE layer in the rest) -> RMSNorm -> untied output head
+-> logits x output_multiplier. The two multipliers are the muP ones (arXiv:2203.03466; values from
+Cerebras-GPT, arXiv:2304.03208).
+
+Build with `build_model`: modules are created on the meta device (no memory, no wasted init), then
+materialised on the target device and initialised once by `Transformer.init_weights`.
+
+Shape legend: B batch, S sequence, D model width, V vocabulary, R rotary frequencies.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from moe_dag.training.attention import build_attention, rotary_tables
+from moe_dag.training.config import ModelConfig
+from moe_dag.training.moe import MoE, SwiGLU
+
+
+class Block(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.attn_norm = nn.RMSNorm(config.d_model, eps=config.norm_eps)
+        self.attn = build_attention(config, layer)
+        self.ffn_norm = nn.RMSNorm(config.d_model, eps=config.norm_eps)
+        self.ffn = MoE(config) if config.is_moe_layer(layer) else SwiGLU(config.d_model, config.dense_hidden)
+
+    def forward(self, x_BSD: torch.Tensor, cos_SR: torch.Tensor, sin_SR: torch.Tensor) -> torch.Tensor:
+        x_BSD = x_BSD + self.attn(self.attn_norm(x_BSD), cos_SR, sin_SR)
+        return x_BSD + self.ffn(self.ffn_norm(x_BSD))
+
+
+class Transformer(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.tok_embeddings = nn.Embedding(config.vocab_size, config.d_model)
+        self.layers = nn.ModuleList(Block(config, layer) for layer in range(config.n_layers))
+        self.norm = nn.RMSNorm(config.d_model, eps=config.norm_eps)
+        self.output = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        R = config.head_dim // 2
+        self.register_buffer("cos_SR", torch.empty(config.seq_len, R), persistent=False)
+        self.register_buffer("sin_SR", torch.empty(config.seq_len, R), persistent=False)
+
+    def forward(self, tokens_BS: torch.Tensor) -> torch.Tensor:
+        """Next-token logits [B, S, V] in float32 for token ids [B, S]."""
+        assert tokens_BS.shape[1] <= self.config.seq_len, "sequence longer than the rotary tables"
+        x_BSD = self.tok_embeddings(tokens_BS) * self.config.embedding_multiplier
+        for block in self.layers:
+            x_BSD = block(x_BSD, self.cos_SR, self.sin_SR)
+        # Scaling the head's [B, S, D] input equals scaling its [B, S, V] output, V/D times cheaper.
+        return self.output(self.norm(x_BSD) * self.config.output_multiplier).float()
+
+    def moe_layers(self) -> list[MoE]:
+        return [block.ffn for block in self.layers if isinstance(block.ffn, MoE)]
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """Initialise every parameter and buffer (std = config.init_std, L = n_layers):
+
+        | tensor                                         | init                                   |
+        | ---------------------------------------------- | -------------------------------------- |
+        | tok_embeddings.weight                          | normal(0, std); x10.66 in forward      |
+        | attn.wq, attn.wk, attn.wv                      | normal(0, std)                         |
+        | ffn w1, w3 (dense, shared, routed experts)     | normal(0, std)                         |
+        | attn.wo, dense ffn w2                          | normal(0, std / sqrt(2 L)): residual   |
+        |                                                | branches sum over 2 L writes (GPT-2)   |
+        | MoE w2 (shared, routed experts)                | normal(0, std): the pre-output norm    |
+        |                                                | sets the branch size, not this std     |
+        | ffn.router.gate.weight                         | normal(0, std)                         |
+        | ffn.router.expert_bias_E (buffer)              | 0                                      |
+        | RMSNorm weights                                | 1                                      |
+        | ffn.output_norm_scale (MoE pre-output norm)    | output_norm_scale_init (2.0)           |
+        | output.weight                                  | normal(0, std); x0.125 in forward      |
+        | cos_SR, sin_SR (buffers)                       | RoPE tables                            |
+        | ffn.tokens_per_expert_E (buffer)               | 0                                      |
+        """
+        config = self.config
+        std, residual_std = config.init_std, config.init_std / math.sqrt(2 * config.n_layers)
+        nn.init.normal_(self.tok_embeddings.weight, std=std)
+        nn.init.normal_(self.output.weight, std=std)
+        for module in self.modules():
+            if isinstance(module, nn.RMSNorm):
+                nn.init.ones_(module.weight)
+        for block in self.layers:
+            for linear in (block.attn.wq, block.attn.wk, block.attn.wv):
+                nn.init.normal_(linear.weight, std=std)
+            nn.init.normal_(block.attn.wo.weight, std=residual_std)
+            ffn = block.ffn
+            if isinstance(ffn, SwiGLU):
+                self._init_swiglu(ffn, std, w2_std=residual_std)
+            else:
+                if ffn.shared is not None:
+                    self._init_swiglu(ffn.shared, std, w2_std=std)
+                nn.init.normal_(ffn.router.gate.weight, std=std)
+                ffn.router.expert_bias_E.zero_()
+                nn.init.normal_(ffn.experts.w1_EFD, std=std)
+                nn.init.normal_(ffn.experts.w3_EFD, std=std)
+                nn.init.normal_(ffn.experts.w2_EDF, std=std)
+                ffn.output_norm_scale.fill_(config.output_norm_scale_init)
+                ffn.tokens_per_expert_E.zero_()
+        cos_SR, sin_SR = rotary_tables(config.seq_len, config.head_dim, config.rope_theta, self.cos_SR.device)
+        self.cos_SR.copy_(cos_SR)
+        self.sin_SR.copy_(sin_SR)
+
+    @staticmethod
+    def _init_swiglu(ffn: SwiGLU, std: float, w2_std: float) -> None:
+        nn.init.normal_(ffn.w1.weight, std=std)
+        nn.init.normal_(ffn.w3.weight, std=std)
+        nn.init.normal_(ffn.w2.weight, std=w2_std)
+
+
+def build_model(config: ModelConfig, device: torch.device | str = "cpu") -> Transformer:
+    """Create the model on the meta device, then materialise it on `device` and initialise it."""
+    with torch.device("meta"):
+        model = Transformer(config)
+    model.to_empty(device=device)
+    model.init_weights()
+    return model

@@ -1,0 +1,267 @@
+"""The training loop: one process per rank, resumable, writing metrics, checkpoints and a summary.
+
+`train(config, data_dir, out_dir)` runs the same way under `python -m moe_dag.training` (one process)
+and under `torchrun` (one process per rank, data parallel). If `out_dir` already holds a checkpoint the
+run continues from the newest one, so rerunning a finished or killed run is safe and cheap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from moe_dag.training import distributed
+from moe_dag.training.checkpoint import (
+    TrainerState,
+    latest_checkpoint,
+    load_checkpoint,
+    read_config,
+    save_checkpoint,
+)
+from moe_dag.training.config import Config
+from moe_dag.training.data import MixtureInfo, TrainBatches, read_mixture
+from moe_dag.training.load_balance import ExpertBiasUpdater
+from moe_dag.training.model import Transformer, build_model
+from moe_dag.training.optim import build_optimizer, build_scheduler
+from moe_dag.training.params import ParamCounts, count_parameters
+from moe_dag.training.run_outputs import MetricsLog, plot_loss, write_summary
+from moe_dag.training.tracking import start_tracking
+
+log = logging.getLogger(__name__)
+
+
+def with_data_shapes(config: Config, mixture: MixtureInfo) -> Config:
+    """The config with the vocabulary size and sequence length the data was tokenized with."""
+    model = dataclasses.replace(config.model, vocab_size=mixture.vocab_size, seq_len=mixture.seq_len)
+    return dataclasses.replace(config, model=model)
+
+
+def _num_threads(config: Config, info: distributed.DistInfo) -> int:
+    if config.train.num_threads is not None:
+        return config.train.num_threads
+    # The cores this process may run on (a container or taskset can allow fewer than the machine has).
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // info.local_world_size)
+
+
+def _check_resumable(checkpoint: Path, config: Config) -> None:
+    saved = read_config(checkpoint).model
+    differing = [
+        f.name for f in dataclasses.fields(saved) if getattr(saved, f.name) != getattr(config.model, f.name)
+    ]
+    if differing:
+        raise ValueError(
+            f"{checkpoint}: trained with a different model config (model.{', model.'.join(differing)}); "
+            "use a fresh --out directory to train this one"
+        )
+
+
+def train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    batches: TrainBatches,
+    config: Config,
+    device: torch.device,
+) -> tuple[float, float]:
+    """One optimizer step over grad_accum_steps micro-batches; returns (mean loss, gradient norm)."""
+    model.train()
+    accum = config.train.grad_accum_steps
+    loss_sum = torch.zeros((), device=device)
+    for micro in range(accum):
+        inputs_BS, targets_BS = (t.to(device, non_blocking=True) for t in batches.next_batch())
+        with distributed.gradient_sync(model, enabled=micro == accum - 1):
+            logits_BSV = model(inputs_BS)
+            loss = F.cross_entropy(logits_BSV.flatten(0, 1), targets_BS.flatten())
+            (loss / accum).backward()
+        loss_sum += loss.detach()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    grad_norm = torch.nn.utils.get_total_norm(grads)
+    if config.optim.grad_clip is not None:
+        torch.nn.utils.clip_grads_with_norm_(model.parameters(), config.optim.grad_clip, grad_norm)
+    optimizer.step()  # the pre-step hook updates the expert biases first
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return (loss_sum / accum).item(), grad_norm.item()
+
+
+def train(config: Config, data_dir: Path, out_dir: Path) -> dict[str, Any]:
+    """Train (or continue training) to `config.train.steps`; returns the summary written to summary.json."""
+    info = distributed.init_distributed(config.train.device)
+    try:
+        return _train(config, Path(data_dir), Path(out_dir), info)
+    finally:
+        distributed.shutdown()
+
+
+@dataclass(kw_only=True, slots=True)
+class _Parts:
+    model: Transformer
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    balancer: ExpertBiasUpdater
+    batches: TrainBatches
+    params: ParamCounts
+
+
+def _build(config: Config, data_dir: Path, info: distributed.DistInfo) -> _Parts:
+    torch.manual_seed(config.train.seed)
+    model = build_model(config.model, info.device)
+    optimizer = build_optimizer(model, config.optim)
+    balancer = ExpertBiasUpdater(
+        model.moe_layers(),
+        config.optim.expert_bias_update_rate,
+        all_reduce=distributed.all_reduce_sum if info.world_size > 1 else None,
+    )
+    balancer.register(optimizer)
+    batches = TrainBatches(
+        data_dir,
+        batch_size=config.train.batch_size,
+        seed=config.train.seed,
+        rank=info.rank,
+        world_size=info.world_size,
+    )
+    return _Parts(
+        model=model,
+        optimizer=optimizer,
+        scheduler=build_scheduler(optimizer, config.train.steps, config.optim),
+        balancer=balancer,
+        batches=batches,
+        params=count_parameters(model, config.model),
+    )
+
+
+def _resume(parts: _Parts, config: Config, out_dir: Path, info: distributed.DistInfo) -> TrainerState:
+    """Load the newest checkpoint in `out_dir` into `parts`, or return the state of a fresh run."""
+    checkpoint = latest_checkpoint(out_dir)
+    if checkpoint is None:
+        return TrainerState(step=0, tokens_seen=0, data=parts.batches.state_dict())
+    _check_resumable(checkpoint, config)
+    state = load_checkpoint(
+        checkpoint, model=parts.model, optimizer=parts.optimizer, scheduler=parts.scheduler, rank=info.rank
+    )
+    parts.batches.load_state_dict(state.data)
+    if info.is_main:
+        log.info("resuming from %s (step %d)", checkpoint, state.step)
+    return state
+
+
+def _train(config: Config, data_dir: Path, out_dir: Path, info: distributed.DistInfo) -> dict[str, Any]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(_num_threads(config, info))
+    config = with_data_shapes(config, read_mixture(data_dir))
+    tc = config.train
+    parts = _build(config, data_dir, info)
+    state = _resume(parts, config, out_dir, info)
+    metrics = MetricsLog(out_dir / "metrics.jsonl")
+    if info.is_main:
+        metrics.truncate_after(state.step)
+        log.info(
+            "parameters: %s total, %s active per token", f"{parts.params.total:,}", f"{parts.params.active:,}"
+        )
+    dp_model = distributed.wrap_data_parallel(parts.model, info)
+    tracker = start_tracking(config, out_dir, is_main=info.is_main)
+    tokens_per_step = tc.batch_size * tc.grad_accum_steps * info.world_size * config.model.seq_len
+    first_step, started = state.step, time.perf_counter()
+    while state.step < tc.steps:
+        lr = parts.scheduler.get_last_lr()[0]
+        step_started = time.perf_counter()
+        loss, grad_norm = train_step(
+            dp_model, parts.optimizer, parts.scheduler, parts.batches, config, info.device
+        )
+        state.step += 1
+        state.tokens_seen += tokens_per_step
+        state.data = parts.batches.state_dict()
+        record = {
+            "step": state.step,
+            "loss": distributed.all_reduce_mean(loss, info.device),
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "tokens_per_s": tokens_per_step / (time.perf_counter() - step_started),
+            "load_imbalance": parts.balancer.imbalance,
+        }
+        if info.is_main:
+            metrics.append(record)
+            tracker.log(_flat(record), step=state.step)
+            if state.step % tc.log_every == 0 or state.step == tc.steps:
+                _log_progress(record, tc.steps)
+        if state.step % tc.checkpoint_every == 0 or state.step == tc.steps:
+            save_checkpoint(
+                out_dir,
+                config=config,
+                state=state,
+                model=parts.model,
+                optimizer=parts.optimizer,
+                scheduler=parts.scheduler,
+                rank=info.rank,
+                keep=tc.keep_checkpoints,
+            )
+    wall_seconds = time.perf_counter() - started
+    tracker.finish()
+    if not info.is_main:
+        return {}
+    run = {
+        "steps": state.step,
+        "steps_this_run": state.step - first_step,
+        "tokens_seen": state.tokens_seen,
+        "wall_seconds": wall_seconds,
+        "steps_per_second": (state.step - first_step) / wall_seconds if state.step > first_step else None,
+        "world_size": info.world_size,
+    }
+    return _write_outputs(out_dir, metrics, run, parts.params, config, data_dir)
+
+
+def _write_outputs(
+    out_dir: Path,
+    metrics: MetricsLog,
+    run: dict[str, Any],
+    params: ParamCounts,
+    config: Config,
+    data_dir: Path,
+) -> dict[str, Any]:
+    """summary.json and loss.png, both derived from metrics.jsonl so reruns and resumes agree."""
+    records = metrics.read()
+    last, checkpoint = records[-10:], latest_checkpoint(out_dir)
+    summary = {
+        "final_train_loss": records[-1]["loss"] if records else None,
+        "final_train_loss_mean_last_10": sum(r["loss"] for r in last) / len(last) if last else None,
+        **run,
+        "params": params.as_dict(),
+        "checkpoint": str(checkpoint) if checkpoint else None,
+        "data_dir": str(data_dir),
+        "config": config.to_dict(),
+    }
+    write_summary(out_dir / "summary.json", summary)
+    if records:
+        title = f"{params.total:,} params ({params.active:,} active), {run['tokens_seen']:,} tokens"
+        plot_loss(records, out_dir / "loss.png", title=title)
+    return summary
+
+
+def _flat(record: dict[str, Any]) -> dict[str, float]:
+    flat = {key: value for key, value in record.items() if key not in ("step", "load_imbalance")}
+    flat.update({f"load_imbalance/layer_{i}": value for i, value in enumerate(record["load_imbalance"])})
+    return flat
+
+
+def _log_progress(record: dict[str, Any], total_steps: int) -> None:
+    imbalance = max(record["load_imbalance"], default=1.0)
+    log.info(
+        "step %d/%d  loss %.4f  lr %.2e  grad_norm %.3f  tokens/s %.0f  max expert load/mean %.2f",
+        record["step"],
+        total_steps,
+        record["loss"],
+        record["lr"],
+        record["grad_norm"],
+        record["tokens_per_s"],
+        imbalance,
+    )

@@ -1,0 +1,145 @@
+"""The transformer: shapes, causality, attention variants, initialisation, parameter counts, config."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from moe_dag.training.attention import GroupedQueryAttention, rotary_tables, sliding_window_mask
+from moe_dag.training.config import Config, ModelConfig, apply_overrides, moe_7b2a, moe_16b4a, preset, tiny
+from moe_dag.training.model import Transformer, build_model
+from moe_dag.training.params import count_parameters, parameter_formula
+
+
+def tiny_model(**changes: object) -> Transformer:
+    torch.manual_seed(0)
+    return build_model(dataclasses.replace(tiny().model, **changes)).eval()
+
+
+def test_forward_shape_and_dtype() -> None:
+    model = tiny_model()
+    tokens = torch.randint(0, model.config.vocab_size, (3, 17))
+    logits = model(tokens)
+    assert logits.shape == (3, 17, model.config.vocab_size)
+    assert logits.dtype == torch.float32
+    assert torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("pattern", [("gqa",), ("mha",), ("swa",), ("swa", "gqa")])
+def test_future_tokens_do_not_change_past_logits(pattern: tuple[str, ...]) -> None:
+    model = tiny_model(attention_pattern=pattern, sliding_window=4)
+    tokens = torch.randint(0, model.config.vocab_size, (2, 24))
+    changed = tokens.clone()
+    changed[:, 10:] = torch.randint(0, model.config.vocab_size, (2, 14))
+    with torch.no_grad():
+        before, after = model(tokens), model(changed)
+    torch.testing.assert_close(after[:, :10], before[:, :10], rtol=0, atol=1e-6)
+    assert not torch.allclose(after[:, 10:], before[:, 10:])
+
+
+def test_sliding_window_sees_only_recent_positions() -> None:
+    config = dataclasses.replace(tiny().model, sliding_window=3)
+    torch.manual_seed(0)
+    attention = GroupedQueryAttention(config, n_kv_heads=config.n_kv_heads, window=3)
+    cos, sin = rotary_tables(config.seq_len, config.head_dim, config.rope_theta, torch.device("cpu"))
+    x = torch.randn(1, 12, config.d_model)
+    changed = x.clone()
+    changed[:, 5] += 1.0  # visible from queries 5, 6 and 7 only
+    with torch.no_grad():
+        delta = (attention(changed, cos, sin) - attention(x, cos, sin)).abs().amax(dim=-1)[0]
+    assert delta[:5].max() == 0 and delta[8:].max() == 0
+    assert (delta[5:8] > 0).all()
+    assert sliding_window_mask(4, 2, torch.device("cpu")).int().tolist() == [
+        [1, 0, 0, 0],
+        [1, 1, 0, 0],
+        [0, 1, 1, 0],
+        [0, 0, 1, 1],
+    ]
+
+
+def test_grouped_query_attention_equals_repeated_heads() -> None:
+    """GQA through SDPA's enable_gqa matches MHA whose key/value heads are repeated per group."""
+    config = tiny().model
+    torch.manual_seed(0)
+    gqa = GroupedQueryAttention(config, n_kv_heads=1, window=None)
+    mha = GroupedQueryAttention(config, n_kv_heads=config.n_heads, window=None)
+    with torch.no_grad():
+        mha.wq.weight.copy_(gqa.wq.weight)
+        mha.wo.weight.copy_(gqa.wo.weight)
+        mha.wk.weight.copy_(gqa.wk.weight.repeat(config.n_heads, 1))
+        mha.wv.weight.copy_(gqa.wv.weight.repeat(config.n_heads, 1))
+        cos, sin = rotary_tables(config.seq_len, config.head_dim, config.rope_theta, torch.device("cpu"))
+        x = torch.randn(2, 9, config.d_model)
+        torch.testing.assert_close(gqa(x, cos, sin), mha(x, cos, sin))
+
+
+def test_init_weights_follows_its_table() -> None:
+    model = tiny_model()
+    assert all(p.device.type == "cpu" for p in model.parameters())
+    for moe in model.moe_layers():
+        assert moe.output_norm_scale.item() == 2.0
+        assert moe.router.expert_bias_E.abs().sum() == 0
+    assert model.layers[0].attn_norm.weight.eq(1).all()
+    std = model.config.init_std
+    assert model.tok_embeddings.weight.std().item() == pytest.approx(std, rel=0.05)
+    residual_std = std / (2 * model.config.n_layers) ** 0.5
+    assert model.layers[0].ffn.w2.weight.std().item() == pytest.approx(residual_std, rel=0.1)
+    assert model.layers[1].ffn.experts.w2_EDF.std().item() == pytest.approx(std, rel=0.1)
+    again = tiny_model()
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(model.state_dict().values(), again.state_dict().values(), strict=True)
+    )
+
+
+@pytest.mark.parametrize("name", ["tiny", "demo"])
+def test_parameter_counter_matches_formula(name: str) -> None:
+    config = preset(name).model
+    model = build_model(config)
+    counted, formula = count_parameters(model, config), parameter_formula(config)
+    assert counted == formula
+    assert sum(counted.groups.values()) == counted.total == sum(p.numel() for p in model.parameters())
+    routed = counted.groups["routed_experts"]
+    assert counted.active == counted.total - routed + routed * config.top_k // config.num_experts
+
+
+@pytest.mark.parametrize(
+    ("make", "total_billions", "active_billions"), [(moe_7b2a, 7.0, 2.0), (moe_16b4a, 16.0, 4.0)]
+)
+def test_production_presets_have_their_named_sizes(
+    make, total_billions: float, active_billions: float
+) -> None:
+    config = make().model
+    with torch.device("meta"):  # shapes only: no memory is allocated
+        counted = count_parameters(Transformer(config), config)
+    assert counted == parameter_formula(config)
+    assert counted.total / 1e9 == pytest.approx(total_billions, rel=0.08)
+    assert counted.active / 1e9 == pytest.approx(active_billions, rel=0.08)
+
+
+def test_overrides_are_typed_and_checked() -> None:
+    config = apply_overrides(
+        tiny(),
+        ["model.top_k=1", "optim.lr=1e-3", "optim.grad_clip=1.0", "model.attention_pattern=swa,gqa"],
+    )
+    assert config.model.top_k == 1 and config.optim.lr == 1e-3 and config.optim.grad_clip == 1.0
+    assert config.model.attention_pattern == ("swa", "gqa")
+    assert apply_overrides(config, ["optim.grad_clip=none"]).optim.grad_clip is None
+    assert Config.from_dict(config.to_dict()) == config
+    with pytest.raises(ValueError, match="has no field 'topk'"):
+        apply_overrides(tiny(), ["model.topk=1"])
+    with pytest.raises(ValueError, match="not one of"):
+        apply_overrides(tiny(), ["model.router_score=relu"])
+    with pytest.raises(ValueError, match="top_k=9"):
+        apply_overrides(tiny(), ["model.top_k=9"])
+    with pytest.raises(ValueError, match="section.field=value"):
+        apply_overrides(tiny(), ["lr=1e-3"])
+
+
+def test_model_config_rejects_bad_shapes() -> None:
+    with pytest.raises(ValueError, match="n_kv_heads"):
+        ModelConfig(n_heads=4, n_kv_heads=3, d_model=64)
+    with pytest.raises(ValueError, match="attention_pattern entry 'mla'"):
+        ModelConfig(attention_pattern=("mla",))
