@@ -21,7 +21,7 @@ import yaml
 from moe_dag.data.dedup import MinHashConfig
 from moe_dag.data.demo_corpus import DemoCorpusConfig
 from moe_dag.data.filters import PrefilterConfig, ToxicityConfig
-from moe_dag.data.heads import BackboneConfig, HeadTrainConfig
+from moe_dag.data.heads import BackboneConfig, CalibrationConfig, HeadTrainConfig
 from moe_dag.data.mixture import MixtureConfig
 from moe_dag.data.oracle import OpenAICompatibleConfig, VLLMEngineConfig
 from moe_dag.data.tokenizer import TokenizerConfig
@@ -80,6 +80,7 @@ class PipelineConfig:
     oracle: OracleConfig = field(default_factory=OracleConfig)
     backbone: BackboneConfig = field(default_factory=BackboneConfig)
     heads: HeadTrainConfig = field(default_factory=HeadTrainConfig)
+    calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     mixture: MixtureConfig  # its weights come from the sources' mixture_weight
     training: TrainingLaunchConfig = field(default_factory=TrainingLaunchConfig)

@@ -1,6 +1,7 @@
 """quality_heads: distil the oracle's labels into a probe and a judge head on a frozen backbone."""
 
 
+import dataclasses
 import time
 
 import dagster as dg
@@ -34,7 +35,11 @@ def quality_heads(context: dg.AssetExecutionContext, pipeline: PipelineResource)
     )
     heldout = trained.heldout
     thresholds = calibrate_thresholds(
-        heldout.probe, heldout.judge, heldout.sources, {s.name: s.keep_rate for s in config.sources}
+        heldout.probe,
+        heldout.judge,
+        heldout.sources,
+        {s.name: s.keep_rate for s in config.sources},
+        **dataclasses.asdict(config.calibration),
     )
     version = save_heads(
         lake.artifact_dir("quality_heads"), trained.heads, thresholds, config.backbone, trained.metrics
@@ -49,7 +54,7 @@ def quality_heads(context: dg.AssetExecutionContext, pipeline: PipelineResource)
             "labelled_documents": labelled.num_rows,
             **{name: round(value, 4) for name, value in trained.metrics.items()},
             "thresholds": dg.MetadataValue.json(
-                {source: {"tau_drop": t.tau_drop, "tau_keep": t.tau_keep} for source, t in thresholds.items()}
+                {source: dataclasses.asdict(t) for source, t in thresholds.items()}
             ),
             "judge_vs_oracle": dg.MetadataValue.md(png_markdown(plot, "judge vs oracle on held-out labels")),
             "seconds": round(time.perf_counter() - started, 2),

@@ -15,9 +15,13 @@ from moe_dag.resources import PipelineResource
 def oracle_sample(pipeline: PipelineResource) -> dg.MaterializeResult:
     """Documents to label, stratified by source and length so each source's heads see its range."""
     config = pipeline.config
+    # Sources carry different score columns (code has no language ID), so keep the common ones.
     documents = pa.concat_tables(
-        [kept_rows(pipeline.lake.read_table("toxicity_filtered", name)) for name in config.source_names]
-    ).select(["id", "text", "source"])
+        [
+            kept_rows(pipeline.lake.read_table("toxicity_filtered", name)).select(["id", "text", "source"])
+            for name in config.source_names
+        ]
+    )
     sample = stratified_sample(documents, per_source=config.oracle.per_source, seed=config.oracle.seed)
     pipeline.lake.write_table(sample, "oracle_sample")
     per_source = pa.compute.value_counts(sample["source"]).to_pylist()

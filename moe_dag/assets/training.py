@@ -71,20 +71,23 @@ def moe_proxy(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> 
     return dg.MaterializeResult(metadata=metadata)
 
 
-@dg.asset(group_name="training", kinds={"pytorch", "parquet"}, deps=["moe_proxy"])
+@dg.asset(group_name="training", kinds={"pytorch", "parquet"}, deps=["moe_proxy"], pool="duckdb_catalog")
 def proxy_eval(pipeline: PipelineResource) -> dg.MaterializeResult:
     """Held-out loss and bits per byte of the proxy, per source."""
     lake = pipeline.lake
     root = lake.artifact_dir("moe_proxy")
     run_dir = root / (root / "latest").read_text().strip()
-    report = evaluate_checkpoint(run_dir, lake.artifact_dir("tokenized_mixture"))
-    rows = [{"source": name, **figures} for name, figures in sorted(report["per_source"].items())]
+    checkpoint = Path(json.loads((run_dir / "summary.json").read_text())["checkpoint"])
+    report = evaluate_checkpoint(checkpoint, lake.artifact_dir("tokenized_mixture"))
+    rows = [{"source": name, **figures} for name, figures in sorted(report["sources"].items())]
     lake.write_table(pa.Table.from_pylist(rows), "proxy_eval")
+    pipeline.catalog.refresh({"proxy_eval": False})
     (run_dir / "eval.json").write_text(json.dumps(report, indent=2))
     return dg.MaterializeResult(
         metadata={
             "loss": report["overall"]["loss"],
             "bits_per_byte": report["overall"]["bits_per_byte"],
-            "per_source": dg.MetadataValue.json(report["per_source"]),
+            "checkpoint": dg.MetadataValue.path(str(checkpoint)),
+            "per_source": dg.MetadataValue.json(report["sources"]),
         }
     )

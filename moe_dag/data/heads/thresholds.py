@@ -72,6 +72,15 @@ def _calibrate(
     )
 
 
+@dataclass(kw_only=True)
+class CalibrationConfig:
+    """How sure early exit must be; see `calibrate_thresholds`."""
+
+    min_precision: float = 0.95
+    z: float = 1.0
+    min_labels: int = 50
+
+
 def calibrate_thresholds(
     probe_scores: Sequence[float],
     judge_scores: Sequence[float],
