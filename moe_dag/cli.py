@@ -20,12 +20,16 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("run", help="materialise every asset for every source, in process")
     commands.add_parser("summary", help="print documents kept per stage, dedup, heads, mixture and loss")
     commands.add_parser("demo", help="demo-corpus, then run, then summary")
+    query = commands.add_parser("query", help="run SQL on the DuckDB catalog (read-only) and print the result")
+    query.add_argument("sql", help="e.g. \"SELECT * FROM stage_funnel\"")
     args = parser.parse_args(argv)
 
     if args.command in ("demo-corpus", "demo"):
         write_demo_corpus(args.config)
     if args.command in ("run", "demo"):
         run_all(args.config)
+    if args.command == "query":
+        print_query(args.config, args.sql)
     if args.command in ("summary", "demo"):
         from moe_dag.summary import format_summary
 
@@ -46,6 +50,14 @@ def write_demo_corpus(config_path: str) -> None:
     manifest = build_demo_corpus(root, config.demo_corpus)
     documents = sum(manifest["documents"].values())
     print(f"demo corpus: {documents} documents in {root} (noise: {manifest['noise']})")
+
+
+def print_query(config_path: str, sql: str) -> None:
+    import duckdb
+
+    config = load_config(config_path)
+    with duckdb.connect(config.catalog_path, read_only=True) as con:
+        con.sql(sql).show(max_width=160)
 
 
 def run_all(config_path: str) -> None:

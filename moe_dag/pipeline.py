@@ -15,6 +15,9 @@ from moe_dag.config import load_config
 from moe_dag.definitions import all_assets
 from moe_dag.resources import PipelineResource
 
+# Step events stay in the instance (and the UI); the console shows what the assets log themselves.
+QUIET_CONSOLE = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
+
 # (assets, per source?) in dependency order.
 STAGES: list[tuple[list[str], bool]] = [
     (["raw_documents", "prefiltered", "minhash_signatures"], True),
@@ -42,6 +45,7 @@ def materialize_all(
                 partition_key=partition,
                 instance=instance,
                 resources=resources,
+                run_config=QUIET_CONSOLE,
                 raise_on_error=True,
             )
             # A failed blocking check has already failed the run; the others are worth a look.

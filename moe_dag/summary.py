@@ -18,10 +18,10 @@ def format_summary(config: PipelineConfig) -> str:
     lines = ["", "== moe-dag summary =="]
     lines += _funnel(catalog, config.source_names)
     lines += _dedup(catalog)
-    lines += _heads(Path(lake.root) / "quality_heads")
+    lines += _heads(Path(lake.root) / "quality_heads", catalog)
     lines += _mixture(Path(lake.root) / "tokenized_mixture" / "mixture.json")
-    lines += _evaluation(catalog)
-    lines.append(f"catalog: {catalog.path}  (duckdb {catalog.path} -c 'SELECT * FROM stage_funnel')")
+    lines += _evaluation(catalog, Path(lake.root) / "moe_proxy")
+    lines.append(f"catalog: {catalog.path}  (try: .venv/bin/moe-dag query 'SELECT * FROM stage_funnel')")
     return "\n".join(lines)
 
 
@@ -31,8 +31,9 @@ def _funnel(catalog: Catalog, sources: list[str]) -> list[str]:
         for stage, source, rows_in, kept, _ in catalog.query("SELECT * FROM stage_funnel")
     }
     quarantined = dict(catalog.query("SELECT source, count(*) FROM quarantine GROUP BY source"))
-    width = max(len(s) for s in FUNNEL_STAGES)
-    header = f"{'documents kept per stage':<{width}}  " + "  ".join(f"{s:>8}" for s in sources)
+    title = "documents kept per stage"
+    width = len(title)
+    header = f"{title:<{width}}  " + "  ".join(f"{s:>8}" for s in sources)
     lines = [header]
     lines.append(
         f"{'lines in shards':<{width}}  "
@@ -53,11 +54,18 @@ def _dedup(catalog: Catalog) -> list[str]:
     return [f"duplicates removed: {total} ({detail or 'none'})"]
 
 
-def _heads(folder: Path) -> list[str]:
+def _heads(folder: Path, catalog: Catalog) -> list[str]:
     meta = json.loads((folder / "heads.json").read_text())
-    metrics = meta["metrics"]
-    figures = ", ".join(f"{name} {value:.3f}" for name, value in sorted(metrics.items()))
-    return [f"oracle-to-head agreement on held-out labels (heads {meta['version']}): {figures}"]
+    m = meta["metrics"]
+    exits, scored = catalog.query(
+        "SELECT count(*) FILTER (WHERE reason = 'probe_below_tau_drop'), count(*) FROM scored_documents"
+    )[0]
+    return [
+        f"oracle-to-head agreement on {m['n_heldout']:.0f} held-out labels (heads {meta['version']}):",
+        f"  probe Pearson {m['probe_pearson']:.3f}, Spearman {m['probe_spearman']:.3f}, MAE {m['probe_mae']:.3f}",
+        f"  judge Pearson {m['judge_pearson']:.3f}, Spearman {m['judge_spearman']:.3f}, MAE {m['judge_mae']:.3f}",
+        f"  early exit at the probe: {exits} of {scored} scored documents",
+    ]
 
 
 def _mixture(path: Path) -> list[str]:
@@ -69,9 +77,14 @@ def _mixture(path: Path) -> list[str]:
     return [f"mixture: {report['num_sequences']} sequences of {report['seq_len']} tokens; shares {shares}"]
 
 
-def _evaluation(catalog: Catalog) -> list[str]:
+def _evaluation(catalog: Catalog, runs: Path) -> list[str]:
+    report = json.loads((runs / (runs / "latest").read_text().strip() / "eval.json").read_text())
+    overall = report["overall"]
     rows = catalog.query("SELECT source, loss, bits_per_byte FROM proxy_eval ORDER BY source")
     per_source = ", ".join(
         f"{source} loss {loss:.3f} / {bpb:.3f} bits per byte" for source, loss, bpb in rows
     )
-    return [f"proxy held-out evaluation: {per_source}"]
+    return [
+        f"proxy validation loss {overall['loss']:.3f} nats/token, {overall['bits_per_byte']:.3f} bits per byte "
+        f"(step {report['step']}); per source: {per_source}"
+    ]

@@ -41,6 +41,9 @@ class HeadTrainConfig:
     # Targets live in [0, 1] and oracle noise is about one rubric step (0.05-0.1 of quality): squared
     # error below that, absolute error beyond it, so a few mislabelled documents do not dominate.
     huber_delta: float = 0.1
+    # Ridge penalty on the probe's weights: hundreds of labels against hundreds of pooled features
+    # overfit without it.
+    probe_l2: float = 0.05
     judge: JudgeHeadConfig = field(default_factory=JudgeHeadConfig)
 
     def __post_init__(self) -> None:
@@ -122,8 +125,9 @@ def _fit(
     config: HeadTrainConfig,
     generator: torch.Generator,
     desc: str,
+    penalty: Callable[[], torch.Tensor] | None = None,
 ) -> None:
-    """Minimise the Huber loss of predict(rows) against targets, AdamW with a cosine-decayed rate."""
+    """Minimise the Huber loss of predict(rows) against targets (plus `penalty`), AdamW, cosine rate."""
     n = len(targets_N)
     steps = config.epochs * math.ceil(n / config.batch_size)
     optimizer = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=config.weight_decay)
@@ -132,6 +136,8 @@ def _fit(
     for _ in tqdm(range(config.epochs), desc=desc, disable=None):
         for rows in torch.randperm(n, generator=generator).split(config.batch_size):
             loss = F.huber_loss(predict(rows), targets_N[rows], delta=config.huber_delta)
+            if penalty is not None:
+                loss = loss + penalty()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -152,6 +158,7 @@ def _train_probe(
         config,
         generator,
         "probe",
+        penalty=lambda: config.probe_l2 * probe.linear.weight.square().sum(),
     )
     return probe
 
