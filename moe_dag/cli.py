@@ -20,8 +20,8 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("run", help="materialise every asset for every source, in process")
     commands.add_parser("summary", help="print documents kept per stage, dedup, heads, mixture and loss")
     commands.add_parser("demo", help="demo-corpus, then run, then summary")
-    query = commands.add_parser("query", help="run SQL on the DuckDB catalog (read-only) and print the result")
-    query.add_argument("sql", help="e.g. \"SELECT * FROM stage_funnel\"")
+    query = commands.add_parser("query", help="run SQL on the DuckDB catalog, read-only")
+    query.add_argument("sql", help='e.g. "SELECT * FROM stage_funnel"')
     args = parser.parse_args(argv)
 
     if args.command in ("demo-corpus", "demo"):

@@ -57,13 +57,20 @@ def _dedup(catalog: Catalog) -> list[str]:
 def _heads(folder: Path, catalog: Catalog) -> list[str]:
     meta = json.loads((folder / "heads.json").read_text())
     m = meta["metrics"]
+
+    def agreement(head: str) -> str:
+        return (
+            f"  {head} Pearson {m[f'{head}_pearson']:.3f}, Spearman {m[f'{head}_spearman']:.3f}, "
+            f"MAE {m[f'{head}_mae']:.3f}"
+        )
+
     exits, scored = catalog.query(
         "SELECT count(*) FILTER (WHERE reason = 'probe_below_tau_drop'), count(*) FROM scored_documents"
     )[0]
     return [
         f"oracle-to-head agreement on {m['n_heldout']:.0f} held-out labels (heads {meta['version']}):",
-        f"  probe Pearson {m['probe_pearson']:.3f}, Spearman {m['probe_spearman']:.3f}, MAE {m['probe_mae']:.3f}",
-        f"  judge Pearson {m['judge_pearson']:.3f}, Spearman {m['judge_spearman']:.3f}, MAE {m['judge_mae']:.3f}",
+        agreement("probe"),
+        agreement("judge"),
         f"  early exit at the probe: {exits} of {scored} scored documents",
     ]
 
@@ -85,6 +92,7 @@ def _evaluation(catalog: Catalog, runs: Path) -> list[str]:
         f"{source} loss {loss:.3f} / {bpb:.3f} bits per byte" for source, loss, bpb in rows
     )
     return [
-        f"proxy validation loss {overall['loss']:.3f} nats/token, {overall['bits_per_byte']:.3f} bits per byte "
-        f"(step {report['step']}); per source: {per_source}"
+        f"proxy validation loss {overall['loss']:.3f} nats/token, "
+        f"{overall['bits_per_byte']:.3f} bits per byte (step {report['step']})",
+        f"  per source: {per_source}",
     ]

@@ -1,6 +1,5 @@
 """document_catalog: DuckDB views over every stage, and the per-stage reconciliation of each source."""
 
-
 import dagster as dg
 
 from moe_dag.data.catalog import Catalog

@@ -1,6 +1,5 @@
 """Near-duplicate removal: MinHash signatures per source, clusters across all sources, then the cut."""
 
-
 import time
 
 import dagster as dg

@@ -1,6 +1,5 @@
 """quality_heads: distil the oracle's labels into a probe and a judge head on a frozen backbone."""
 
-
 import dataclasses
 import time
 

@@ -1,6 +1,5 @@
 """raw_documents: read one source's shards into the lake; unreadable rows go to quarantine."""
 
-
 import time
 
 import dagster as dg

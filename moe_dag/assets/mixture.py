@@ -1,6 +1,5 @@
 """tokenizer and tokenized_mixture: a BPE tokenizer on the kept documents, then packed token sequences."""
 
-
 import dagster as dg
 
 from moe_dag.assets.plots import bars_png, png_markdown

@@ -1,6 +1,5 @@
 """oracle_sample and oracle_labels: a stratified sample of the filtered documents, labelled on rubrics."""
 
-
 import time
 
 import dagster as dg

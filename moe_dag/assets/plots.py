@@ -1,6 +1,5 @@
 """Plots shown in the Dagster UI, embedded in markdown metadata as PNG data URLs."""
 
-
 import base64
 import io
 from pathlib import Path

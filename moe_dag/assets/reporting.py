@@ -1,6 +1,5 @@
 """What every filtering stage reports: reconciliation, drop reasons and timing, as metadata and checks."""
 
-
 import time
 from collections.abc import Sequence
 

@@ -1,6 +1,5 @@
 """scored_documents: the probe then (for documents that stay) the judge, with early exit."""
 
-
 import time
 
 import dagster as dg

@@ -1,6 +1,5 @@
 """moe_proxy and proxy_eval: train the MoE proxy in its own process, then score held-out text."""
 
-
 import hashlib
 import json
 import subprocess
