@@ -7,6 +7,7 @@ from pathlib import Path
 import dagster as dg
 import yaml
 
+from moe_dag import cli
 from moe_dag.config import DEFAULT_CONFIG, load_config
 from moe_dag.data.demo_corpus import build_demo_corpus
 from moe_dag.pipeline import materialize_all
@@ -31,7 +32,7 @@ def tiny_config(tmp_path: Path) -> Path:
     return path
 
 
-def test_whole_graph_materialises_and_every_row_is_accounted_for(tmp_path):
+def test_whole_graph_materialises_and_every_row_is_accounted_for(tmp_path, capsys):
     config_path = tiny_config(tmp_path)
     config = load_config(config_path)
     manifest = build_demo_corpus(tmp_path / "corpus", config.demo_corpus)
@@ -61,6 +62,10 @@ def test_whole_graph_materialises_and_every_row_is_accounted_for(tmp_path):
 
     summary = format_summary(config)
     assert "bits per byte" in summary and "duplicates removed" in summary
+
+    capsys.readouterr()
+    cli.main(["--config", str(config_path), "query", "SELECT count(*) AS n FROM quarantine"])
+    assert str(manifest["malformed_lines"]) in capsys.readouterr().out
 
 
 def _query(config, sql: str) -> list[tuple]:
