@@ -10,7 +10,7 @@ EXTRAS ?= dev
 export DAGSTER_HOME := $(CURDIR)/$(STATE)/dagster
 export MOE_DAG_CONFIG := $(CONFIG)
 
-.PHONY: setup demo test test-slow ui bench lint clean
+.PHONY: setup demo test ui bench lint clean
 
 setup: $(BIN)/.installed $(DAGSTER_HOME)/dagster.yaml
 
@@ -30,9 +30,6 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest -q
-
-test-slow: setup
-	$(BIN)/python -m pytest -q -m slow
 
 ui: setup
 	$(BIN)/dagster dev -h 127.0.0.1 -p 3000
