@@ -18,6 +18,7 @@ def format_summary(config: PipelineConfig) -> str:
     lines = ["", "== moe-dag summary =="]
     lines += _funnel(catalog, config.source_names)
     lines += _dedup(catalog)
+    lines += _injected_noise(catalog)
     lines += _heads(Path(lake.root) / "quality_heads", catalog)
     lines += _mixture(Path(lake.root) / "tokenized_mixture" / "mixture.json")
     lines += _evaluation(catalog, Path(lake.root) / "moe_proxy")
@@ -52,6 +53,31 @@ def _dedup(catalog: Catalog) -> list[str]:
     total = sum(count for _, count in rows)
     detail = ", ".join(f"{count} {reason}" for reason, count in rows)
     return [f"duplicates removed: {total} ({detail or 'none'})"]
+
+
+# A duplicate counts as caught when it and its original did not both survive: dedup keeps whichever of
+# the two the survivor rule prefers, not necessarily the original.
+NOISE_SQL = """
+WITH fate AS (
+    SELECT r.id, json_extract_string(r.metadata, '$.demo_noise') AS noise,
+           json_extract_string(r.metadata, '$.duplicate_of') AS duplicate_of,
+           coalesce(t.keep, false) AS survived
+    FROM raw_documents r LEFT JOIN toxicity_filtered t USING (source, id)
+)
+SELECT f.noise, count(*) AS injected,
+       count(*) FILTER (WHERE NOT (f.survived AND (f.duplicate_of IS NULL OR coalesce(o.survived, false))))
+FROM fate f LEFT JOIN fate o ON o.id = f.duplicate_of
+WHERE f.noise IS NOT NULL GROUP BY f.noise ORDER BY f.noise
+"""
+
+
+def _injected_noise(catalog: Catalog) -> list[str]:
+    """For the demo corpus, whose documents record the noise injected into them: how much was caught."""
+    rows = catalog.query(NOISE_SQL)
+    if not rows:
+        return []
+    caught = ", ".join(f"{noise} {removed}/{injected}" for noise, injected, removed in rows)
+    return [f"injected noise caught before quality scoring: {caught}"]
 
 
 def _heads(folder: Path, catalog: Catalog) -> list[str]:

@@ -11,7 +11,7 @@ from moe_dag import cli
 from moe_dag.config import DEFAULT_CONFIG, load_config
 from moe_dag.data.demo_corpus import build_demo_corpus
 from moe_dag.pipeline import materialize_all
-from moe_dag.summary import format_summary
+from moe_dag.summary import NOISE_SQL, format_summary
 
 
 def tiny_config(tmp_path: Path) -> Path:
@@ -52,6 +52,11 @@ def test_whole_graph_materialises_and_every_row_is_accounted_for(tmp_path, capsy
 
     reasons = {row[0] for row in _query(config, "SELECT DISTINCT reason FROM deduplicated WHERE NOT keep")}
     assert reasons & {"exact_duplicate", "near_duplicate"}
+
+    caught = {noise: (injected, removed) for noise, injected, removed in _query(config, NOISE_SQL)}
+    for noise in ("exact_duplicate", "too_short", "boilerplate"):
+        injected, removed = caught[noise]
+        assert injected > 0 and removed == injected, noise
 
     evaluation = _query(config, "SELECT source, loss, bits_per_byte FROM proxy_eval ORDER BY source")
     assert [row[0] for row in evaluation] == sorted(config.source_names)
