@@ -1,5 +1,6 @@
 """moe_proxy and proxy_eval: train the MoE proxy in its own process, then score held-out text."""
 
+import dataclasses
 import hashlib
 import json
 import subprocess
@@ -36,7 +37,7 @@ def training_command(launch: TrainingLaunchConfig, data_dir: Path, out_dir: Path
 def run_dir_for(data_dir: Path, launch: TrainingLaunchConfig, root: Path) -> Path:
     """One folder per (mixture, training config): a rerun resumes there, new inputs start afresh."""
     mixture = (data_dir / "mixture.json").read_bytes()
-    launch_json = json.dumps(launch.__dict__, sort_keys=True, default=str).encode()
+    launch_json = json.dumps(dataclasses.asdict(launch), sort_keys=True, default=str).encode()
     return root / hashlib.sha256(mixture + launch_json).hexdigest()[:12]
 
 
