@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -144,27 +145,27 @@ def _build(cls: type, values: Any, path: Path, where: str) -> Any:
         raise ValueError(
             f"{path}: unknown key(s) {unknown} in {where or 'top level'}; known: {sorted(fields)}"
         )
-    kwargs = {}
-    for name, value in values.items():
-        key_path = f"{where}.{name}" if where else name
-        nested = _dataclass_type(fields[name].type, cls)
-        if name == "sources":
-            if not isinstance(value, list):
-                raise ValueError(f"{path}: 'sources' must be a list")
-            value = [_build(SourceConfig, item, path, f"sources[{i}]") for i, item in enumerate(value)]
-        elif nested is not None and value is not None:
-            value = _build(nested, value, path, key_path)
-        kwargs[name] = value
+    hints = typing.get_type_hints(cls)
+    kwargs = {
+        name: _coerce(hints[name], value, path, f"{where}.{name}" if where else name)
+        for name, value in values.items()
+    }
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as error:
         raise ValueError(f"{path}: invalid {where or 'config'}: {error}") from error
 
 
-def _dataclass_type(annotation: Any, owner: type) -> type | None:
-    """The config dataclass named by a field annotation (string annotations resolved in their module)."""
-    if isinstance(annotation, str):
-        module = __import__(owner.__module__, fromlist=["_"])
-        name = annotation.split("|")[0].strip()
-        annotation = getattr(module, name, None)
-    return annotation if dataclasses.is_dataclass(annotation) else None
+def _coerce(annotation: Any, value: Any, path: Path, where: str) -> Any:
+    """Build the config dataclasses a field holds (alone, optional or in a list) from their YAML value."""
+    if value is None:
+        return None
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is list and args and dataclasses.is_dataclass(args[0]):
+        if not isinstance(value, list):
+            raise ValueError(f"{path}: {where} must be a list")
+        return [_build(args[0], item, path, f"{where}[{i}]") for i, item in enumerate(value)]
+    for candidate in (annotation, *args):  # `X` or `X | None`
+        if isinstance(candidate, type) and dataclasses.is_dataclass(candidate):
+            return _build(candidate, value, path, where)
+    return value

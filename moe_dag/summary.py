@@ -6,10 +6,8 @@ import json
 from pathlib import Path
 
 from moe_dag.config import PipelineConfig
-from moe_dag.data.catalog import Catalog
+from moe_dag.data.catalog import FUNNEL_STAGES, Catalog
 from moe_dag.data.lake import Lake
-
-FUNNEL_STAGES = ["raw_documents", "prefiltered", "deduplicated", "toxicity_filtered", "scored_documents"]
 
 
 def format_summary(config: PipelineConfig) -> str:

@@ -59,3 +59,12 @@ def test_bad_values_fail_at_load_time(tmp_path):
         load_config(write(tmp_path, {**MINIMAL, "sources": MINIMAL["sources"] * 2}))
     with pytest.raises(FileNotFoundError, match="MOE_DAG_CONFIG"):
         load_config(tmp_path / "missing.yaml")
+
+
+def test_nested_sections_are_built_and_checked(tmp_path):
+    config = load_config(write(tmp_path, {**MINIMAL, "heads": {"judge": {"d_model": 64}}}))
+    assert config.heads.judge.d_model == 64
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['width'\] in heads\.judge"):
+        load_config(write(tmp_path, {**MINIMAL, "heads": {"judge": {"width": 64}}}))
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['nme'\] in sources\[0\]"):
+        load_config(write(tmp_path, {**MINIMAL, "sources": [{"nme": "web"}]}))

@@ -1,8 +1,7 @@
 import pyarrow as pa
 import pytest
 
-from moe_dag.assets.catalog import chain_breaks
-from moe_dag.data.catalog import Catalog
+from moe_dag.data.catalog import Catalog, chain_breaks
 from moe_dag.data.lake import Lake
 
 
