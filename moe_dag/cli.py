@@ -63,7 +63,6 @@ def print_query(config_path: str, sql: str) -> None:
 def run_all(config_path: str) -> None:
     import dagster as dg
 
-    os.environ[CONFIG_ENV_VAR] = str(config_path)  # the partitions definition reads it at import
     from moe_dag.pipeline import materialize_all
 
     instance = dg.DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else None

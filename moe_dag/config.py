@@ -25,6 +25,7 @@ from moe_dag.data.filters import PrefilterConfig, ToxicityConfig
 from moe_dag.data.heads import BackboneConfig, CalibrationConfig, HeadTrainConfig
 from moe_dag.data.mixture import MixtureConfig
 from moe_dag.data.oracle import OpenAICompatibleConfig, VLLMEngineConfig
+from moe_dag.data.schema import SOURCE_KINDS, SourceKind
 from moe_dag.data.tokenizer import TokenizerConfig
 
 CONFIG_ENV_VAR = "MOE_DAG_CONFIG"
@@ -36,13 +37,17 @@ class SourceConfig:
     """One data source: a partition of every per-source asset."""
 
     name: str
-    kind: str  # "code" or a text kind: "web", "reference", "math", "science", ...
+    kind: SourceKind  # one of SOURCE_KINDS: "code", or a kind of text ("web", "reference", ...)
     shards: str  # a local folder or an fsspec URL holding .jsonl[.gz|.zst] or .parquet shards
     languages: list[str] | None = None  # None: skip language ID; []: any confidently identified language
     keep_rate: float = 0.7  # the share of scored documents the quality heads keep
     mixture_weight: float = 1.0  # relative share of training tokens
     # Prefilter fields that differ for this source (e.g. a punctuation rule unfit for UI strings).
     prefilter: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kind not in SOURCE_KINDS:
+            raise ValueError(f"kind must be one of {list(SOURCE_KINDS)}, got {self.kind!r}")
 
 
 @dataclass(kw_only=True)

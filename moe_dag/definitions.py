@@ -1,4 +1,10 @@
-"""The one Definitions of moe-dag: assets, checks, jobs, schedules and resources."""
+"""The one Definitions of moe-dag: assets, checks, jobs, schedules and resources.
+
+Built from one read of the pipeline config (path from `MOE_DAG_CONFIG`, default `configs/demo.yaml`)
+when Dagster loads the code location, not when this module is imported.
+"""
+
+from pathlib import Path
 
 import dagster as dg
 
@@ -14,11 +20,11 @@ from moe_dag.assets import (
     toxicity,
     training,
 )
-from moe_dag.assets.partitions import SOURCE_PARTITIONS
+from moe_dag.assets.partitions import bind_source_partitions
+from moe_dag.config import config_path_from_env, load_config
 from moe_dag.resources import PipelineResource
 
 ASSET_MODULES = [ingest, prefilter, dedup, toxicity, oracle, heads, scoring, catalog, mixture, training]
-all_assets = dg.load_assets_from_modules(ASSET_MODULES)
 
 curate_source = dg.define_asset_job(
     "curate_source",
@@ -33,19 +39,34 @@ rescore_sources = dg.define_asset_job(
 )
 
 
-@dg.schedule(job=rescore_sources, cron_schedule="0 3 * * 0", default_status=dg.DefaultScheduleStatus.STOPPED)
-def weekly_rescoring(context: dg.ScheduleEvaluationContext):
-    """Sunday 03:00: one rescoring run per source, so a new heads version reaches every partition."""
-    for source in SOURCE_PARTITIONS.get_partition_keys():
-        yield dg.RunRequest(
-            run_key=f"{context.scheduled_execution_time:%Y-%m-%d}-{source}", partition_key=source
-        )
+def weekly_rescoring_schedule(partitions: dg.PartitionsDefinition) -> dg.ScheduleDefinition:
+    @dg.schedule(
+        job=rescore_sources, cron_schedule="0 3 * * 0", default_status=dg.DefaultScheduleStatus.STOPPED
+    )
+    def weekly_rescoring(context: dg.ScheduleEvaluationContext):
+        """Sunday 03:00: one rescoring run per source, so a new heads version reaches every partition."""
+        for source in partitions.get_partition_keys():
+            yield dg.RunRequest(
+                run_key=f"{context.scheduled_execution_time:%Y-%m-%d}-{source}", partition_key=source
+            )
+
+    return weekly_rescoring
 
 
-defs = dg.Definitions(
-    assets=all_assets,
-    asset_checks=dg.load_asset_checks_from_modules(ASSET_MODULES),
-    jobs=[curate_source, rescore_sources],
-    schedules=[weekly_rescoring],
-    resources={"pipeline": PipelineResource()},
-)
+def build_definitions(config_path: str | Path | None = None) -> dg.Definitions:
+    """Every asset, check, job, schedule and resource for the pipeline config at `config_path`."""
+    path = Path(config_path) if config_path is not None else config_path_from_env()
+    sources = load_config(path).source_names
+    partitions, assets = bind_source_partitions(dg.load_assets_from_modules(ASSET_MODULES), sources)
+    return dg.Definitions(
+        assets=assets,
+        asset_checks=dg.load_asset_checks_from_modules(ASSET_MODULES),
+        jobs=[curate_source, rescore_sources],
+        schedules=[weekly_rescoring_schedule(partitions)],
+        resources={"pipeline": PipelineResource(config_path=str(path))},
+    )
+
+
+@dg.definitions
+def defs() -> dg.Definitions:
+    return build_definitions()

@@ -11,9 +11,7 @@ from collections.abc import Callable
 
 import dagster as dg
 
-from moe_dag.config import load_config
-from moe_dag.definitions import all_assets
-from moe_dag.resources import PipelineResource
+from moe_dag.definitions import build_definitions
 
 # Step events stay in the instance (and the UI); the console shows what the assets log themselves.
 QUIET_CONSOLE = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
@@ -33,18 +31,19 @@ def materialize_all(
     config_path: str, instance: dg.DagsterInstance | None = None, log: Callable[[str], None] = print
 ) -> float:
     """Run every asset for every source; raises on the first failed run. Returns wall seconds."""
-    sources = load_config(config_path).source_names
-    resources = {"pipeline": PipelineResource(config_path=str(config_path))}
+    definitions = build_definitions(config_path)
+    sources = definitions.resources["pipeline"].config.source_names
+    assets = list(definitions.assets)
     started = time.perf_counter()
     for keys, per_source in STAGES:
         for partition in sources if per_source else [None]:
             stage_started = time.perf_counter()
             result = dg.materialize(
-                all_assets,
+                assets,
                 selection=keys,
                 partition_key=partition,
                 instance=instance,
-                resources=resources,
+                resources=definitions.resources,
                 run_config=QUIET_CONSOLE,
                 raise_on_error=True,
             )

@@ -6,7 +6,7 @@ from functools import cached_property
 
 import dagster as dg
 
-from moe_dag.config import PipelineConfig, config_path_from_env, load_config
+from moe_dag.config import PipelineConfig, load_config
 from moe_dag.data.catalog import Catalog
 from moe_dag.data.lake import Lake
 from moe_dag.data.oracle import OpenAICompatibleOracle, Oracle, RuleBasedOracle, VLLMEngineOracle
@@ -15,7 +15,7 @@ from moe_dag.data.oracle import OpenAICompatibleOracle, Oracle, RuleBasedOracle,
 class PipelineResource(dg.ConfigurableResource):
     """Everything a stage needs to find its inputs and parameters, from one YAML file."""
 
-    config_path: str = str(config_path_from_env())
+    config_path: str
 
     @cached_property
     def config(self) -> PipelineConfig:

@@ -68,3 +68,9 @@ def test_nested_sections_are_built_and_checked(tmp_path):
         load_config(write(tmp_path, {**MINIMAL, "heads": {"judge": {"width": 64}}}))
     with pytest.raises(ValueError, match=r"unknown key\(s\) \['nme'\] in sources\[0\]"):
         load_config(write(tmp_path, {**MINIMAL, "sources": [{"nme": "web"}]}))
+
+
+def test_a_source_kind_outside_the_fixed_set_fails_at_load(tmp_path):
+    source = {**MINIMAL["sources"][0], "kind": "cdoe"}
+    with pytest.raises(ValueError, match=r"sources\[0\].*kind must be one of .*'cdoe'"):
+        load_config(write(tmp_path, {**MINIMAL, "sources": [source]}))

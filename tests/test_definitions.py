@@ -1,8 +1,9 @@
 """A snapshot of the asset graph: keys, dependencies, partitioning, pools and checks."""
 
 import dagster as dg
+import pytest
 
-from moe_dag.definitions import defs
+from moe_dag.definitions import build_definitions
 
 EXPECTED_DEPENDENCIES = {
     "raw_documents": set(),
@@ -33,7 +34,7 @@ GPU_POOL = {"oracle_labels", "quality_heads", "scored_documents", "moe_proxy"}
 
 
 def test_asset_graph_snapshot():
-    graph = defs.resolve_asset_graph()
+    graph = build_definitions().resolve_asset_graph()
     keys = {key.to_user_string() for key in graph.get_all_asset_keys()}
     assert keys == set(EXPECTED_DEPENDENCIES)
     for name, parents in EXPECTED_DEPENDENCIES.items():
@@ -44,12 +45,33 @@ def test_asset_graph_snapshot():
 
 
 def test_every_filtering_stage_declares_a_blocking_reconciliation_check():
-    graph = defs.resolve_asset_graph()
+    graph = build_definitions().resolve_asset_graph()
     checks = {(key.asset_key.to_user_string(), key.name) for key in graph.asset_check_keys}
     for stage in ["raw_documents", "prefiltered", "deduplicated", "toxicity_filtered", "scored_documents"]:
         assert (stage, "rows_reconcile") in checks
 
 
 def test_definitions_validate():
+    defs = build_definitions()
     dg.Definitions.validate_loadable(defs)
     assert {job.name for job in defs.jobs} >= {"curate_source", "rescore_sources"}
+
+
+def test_importing_the_definitions_reads_no_config(tmp_path, monkeypatch):
+    """Dagster can import the module from any folder: the config is read when the definitions load."""
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("MOE_DAG_CONFIG", str(tmp_path / "missing.yaml"))
+    imported = subprocess.run(
+        [sys.executable, "-c", "import moe_dag.definitions"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert imported.returncode == 0, imported.stderr
+    with pytest.raises(FileNotFoundError, match="missing.yaml"):
+        build_definitions()
+
+
+def test_partitions_are_the_configured_sources():
+    graph = build_definitions("configs/demo.yaml").resolve_asset_graph()
+    partitions = graph.get(dg.AssetKey("prefiltered")).partitions_def
+    assert partitions.get_partition_keys() == ["code", "prose", "intl"]

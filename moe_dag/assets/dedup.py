@@ -6,14 +6,14 @@ import dagster as dg
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from moe_dag.assets.partitions import SOURCE_PARTITIONS
+from moe_dag.assets.partitions import PER_SOURCE
 from moe_dag.assets.reporting import decision_result, reconcile_check_spec
 from moe_dag.data.dedup import apply_dedup, compute_signatures, find_duplicate_clusters
 from moe_dag.data.schema import kept_rows
 from moe_dag.resources import PipelineResource
 
 
-@dg.asset(partitions_def=SOURCE_PARTITIONS, group_name="curation", kinds={"parquet"}, deps=["prefiltered"])
+@dg.asset(partitions_def=PER_SOURCE, group_name="curation", kinds={"parquet"}, deps=["prefiltered"])
 def minhash_signatures(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
     """Exact-content hash and MinHash signature of every document the prefilter kept."""
     source = context.partition_key
@@ -78,7 +78,7 @@ def dedup_clusters(context: dg.AssetExecutionContext, pipeline: PipelineResource
 
 
 @dg.asset(
-    partitions_def=SOURCE_PARTITIONS,
+    partitions_def=PER_SOURCE,
     group_name="curation",
     kinds={"parquet"},
     deps=["prefiltered", "dedup_clusters"],

@@ -4,14 +4,14 @@ import time
 
 import dagster as dg
 
-from moe_dag.assets.partitions import SOURCE_PARTITIONS
+from moe_dag.assets.partitions import PER_SOURCE
 from moe_dag.assets.reporting import RECONCILES, reconcile_check_spec
 from moe_dag.data.readers import list_shards, read_shards
 from moe_dag.resources import PipelineResource
 
 
 @dg.asset(
-    partitions_def=SOURCE_PARTITIONS,
+    partitions_def=PER_SOURCE,
     group_name="curation",
     kinds={"parquet"},
     check_specs=[reconcile_check_spec("raw_documents")],

@@ -2,14 +2,14 @@
 
 import dagster as dg
 
-from moe_dag.assets.partitions import SOURCE_PARTITIONS
+from moe_dag.assets.partitions import PER_SOURCE
 from moe_dag.assets.reporting import reconcile_check_spec, run_filter_stage
 from moe_dag.data.filters import build_prefilters
 from moe_dag.resources import PipelineResource
 
 
 @dg.asset(
-    partitions_def=SOURCE_PARTITIONS,
+    partitions_def=PER_SOURCE,
     group_name="curation",
     kinds={"parquet"},
     deps=["raw_documents"],

@@ -4,7 +4,7 @@ import time
 
 import dagster as dg
 
-from moe_dag.assets.partitions import SOURCE_PARTITIONS
+from moe_dag.assets.partitions import PER_SOURCE
 from moe_dag.assets.reporting import decision_result, reconcile_check_spec
 from moe_dag.data.heads import load_backbone, load_heads
 from moe_dag.data.schema import kept_rows
@@ -13,7 +13,7 @@ from moe_dag.resources import PipelineResource
 
 
 @dg.asset(
-    partitions_def=SOURCE_PARTITIONS,
+    partitions_def=PER_SOURCE,
     group_name="quality",
     kinds={"pytorch", "parquet"},
     deps=["toxicity_filtered", "quality_heads"],

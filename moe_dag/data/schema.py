@@ -10,8 +10,16 @@ Stages never delete rows. A filtering stage writes every row it was given, addin
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 import pyarrow as pa
 import pyarrow.compute as pc
+
+# What a source holds. The kind chooses the rules a stage applies (code rules and the code rubric for
+# "code"; prose rules and the general rubric for every other kind), so it is a fixed set, checked when
+# the config loads: a misspelt kind must not silently become "text".
+SourceKind = Literal["code", "web", "reference", "books", "forum", "math", "science"]
+SOURCE_KINDS: tuple[str, ...] = get_args(SourceKind)
 
 DOCUMENT_SCHEMA = pa.schema(
     [
