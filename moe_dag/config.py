@@ -11,7 +11,10 @@ run through `make` or `dagster dev`).
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import re
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,9 +30,13 @@ from moe_dag.data.mixture import MixtureConfig
 from moe_dag.data.oracle import OpenAICompatibleConfig, VLLMEngineConfig
 from moe_dag.data.schema import SOURCE_KINDS, SourceKind
 from moe_dag.data.tokenizer import TokenizerConfig
+from moe_dag.training.config import apply_overrides, preset
 
 CONFIG_ENV_VAR = "MOE_DAG_CONFIG"
 DEFAULT_CONFIG = "configs/demo.yaml"
+
+
+SOURCE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 
 
 @dataclass(kw_only=True)
@@ -46,8 +53,16 @@ class SourceConfig:
     prefilter: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        # The name becomes a partition key, a lake folder (`source=<name>`) and a DuckDB value.
+        if not SOURCE_NAME.fullmatch(self.name):
+            raise ValueError(
+                f"name {self.name!r} is not a safe identifier: use letters, digits, '_' and '-' "
+                "(at most 64, starting with a letter or digit)"
+            )
         if self.kind not in SOURCE_KINDS:
             raise ValueError(f"kind must be one of {list(SOURCE_KINDS)}, got {self.kind!r}")
+        if not 0 < self.keep_rate <= 1:
+            raise ValueError(f"keep_rate must be in (0, 1], got {self.keep_rate}")
 
 
 @dataclass(kw_only=True)
@@ -72,6 +87,12 @@ class TrainingLaunchConfig:
     seed: int = 0
     nproc_per_node: int = 1
     overrides: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.nproc_per_node < 1:
+            raise ValueError("steps and nproc_per_node must be at least 1")
+        # Checked here against the training config, not later inside the training process.
+        apply_overrides(preset(self.preset), [f"{key}={value}" for key, value in self.overrides.items()])
 
 
 @dataclass(kw_only=True)
@@ -130,13 +151,24 @@ def load_config(path: str | Path) -> PipelineConfig:
     if not config.sources:
         raise ValueError(f"{path}: 'sources' lists no source")
     names = config.source_names
+    if len(set(names)) != len(names):
+        raise ValueError(f"{path}: source names must be unique, got {names}")
+    if not any(source.mixture_weight > 0 for source in config.sources):
+        raise ValueError(f"{path}: at least one source needs a mixture_weight above 0")
+    prefilter_hints = typing.get_type_hints(PrefilterConfig)
     for source in config.sources:
+        where = f"sources[{source.name}].prefilter"
+        unknown = sorted(set(source.prefilter) - set(prefilter_hints))
+        if unknown:
+            raise ValueError(f"{path}: unknown key(s) {unknown} in {where}; known: {sorted(prefilter_hints)}")
+        source.prefilter = {
+            key: _coerce(prefilter_hints[key], value, path, f"{where}.{key}")
+            for key, value in source.prefilter.items()
+        }
         try:
             config.prefilter_for(source)
         except (TypeError, ValueError) as error:
-            raise ValueError(f"{path}: sources[{source.name}].prefilter: {error}") from error
-    if len(set(names)) != len(names):
-        raise ValueError(f"{path}: source names must be unique, got {names}")
+            raise ValueError(f"{path}: {where}: {error}") from error
     return config
 
 
@@ -162,15 +194,75 @@ def _build(cls: type, values: Any, path: Path, where: str) -> Any:
 
 
 def _coerce(annotation: Any, value: Any, path: Path, where: str) -> Any:
-    """Build the config dataclasses a field holds (alone, optional or in a list) from their YAML value."""
-    if value is None:
-        return None
-    args = typing.get_args(annotation)
-    if typing.get_origin(annotation) is list and args and dataclasses.is_dataclass(args[0]):
-        if not isinstance(value, list):
-            raise ValueError(f"{path}: {where} must be a list")
-        return [_build(args[0], item, path, f"{where}[{i}]") for i, item in enumerate(value)]
-    for candidate in (annotation, *args):  # `X` or `X | None`
-        if isinstance(candidate, type) and dataclasses.is_dataclass(candidate):
-            return _build(candidate, value, path, where)
+    """Check a YAML value against its field's annotation, building nested config dataclasses.
+
+    Types are checked exactly (a string is not a list, a bool is not a number); numbers must be finite
+    and not negative, and fields that are fractions, rates or probabilities must lie in [0, 1]. Ranges
+    particular to one field are checked by its dataclass.
+    """
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if annotation is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for option in (a for a in args if a is not type(None)):
+            try:
+                return _coerce(option, value, path, where)
+            except ValueError as error:
+                errors.append(error)
+        raise errors[0] if len(errors) == 1 else _type_error(annotation, value, path, where)
+    if dataclasses.is_dataclass(annotation):
+        return _build(annotation, value, path, where)
+    if origin is Literal:
+        if value not in args:
+            raise ValueError(f"{path}: {where} must be one of {list(args)}, got {value!r}")
+        return value
+    if origin in (list, tuple):
+        if not isinstance(value, list | tuple):
+            raise _type_error(annotation, value, path, where)
+        items = [_coerce(args[0], item, path, f"{where}[{i}]") for i, item in enumerate(value)]
+        return items if origin is list else tuple(items)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise _type_error(annotation, value, path, where)
+        return {
+            _coerce(args[0], key, path, f"{where} key {key!r}"): _coerce(
+                args[1], item, path, f"{where}.{key}"
+            )
+            for key, item in value.items()
+        }
+    if annotation is bool:
+        if not isinstance(value, bool):
+            raise _type_error(annotation, value, path, where)
+        return value
+    if annotation in (int, float):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise _type_error(annotation, value, path, where)
+        if annotation is int and not float(value).is_integer():
+            raise _type_error(annotation, value, path, where)
+        return _check_number(annotation(value), path, where)
+    if annotation in (str, Path):
+        if not isinstance(value, str | Path):
+            raise _type_error(annotation, value, path, where)
+        return annotation(value)
     return value
+
+
+UNIT_INTERVAL_SUFFIXES = ("fraction", "rate", "probability", "utilization")
+
+
+def _check_number(number: float, path: Path, where: str) -> float:
+    name = where.rsplit(".", 1)[-1]
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(f"{path}: {where} must be a finite number >= 0, got {number!r}")
+    if name.endswith(UNIT_INTERVAL_SUFFIXES) and number > 1:
+        raise ValueError(f"{path}: {where} must lie between 0 and 1, got {number!r}")
+    return number
+
+
+def _type_error(annotation: Any, value: Any, path: Path, where: str) -> ValueError:
+    generic = typing.get_origin(annotation) is not None
+    expected = str(annotation).replace("typing.", "") if generic else annotation.__name__
+    return ValueError(f"{path}: {where} must be {expected}, got {type(value).__name__} {value!r}")
