@@ -20,8 +20,15 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("run", help="materialise every asset for every source, in process")
     commands.add_parser("summary", help="print documents kept per stage, dedup, heads, mixture and loss")
     commands.add_parser("demo", help="demo-corpus, then run, then summary")
-    query = commands.add_parser("query", help="run SQL on the DuckDB catalog, read-only")
+    query = commands.add_parser("query", help="run one SQL query on the DuckDB catalog, read-only")
     query.add_argument("sql", help='e.g. "SELECT * FROM stage_funnel"')
+    query.add_argument("--limit", type=int, help="show at most this many rows (default: every row)")
+    query.add_argument(
+        "--format",
+        choices=["table", "csv", "json"],
+        default="table",
+        help="table for people, csv or json for scripts",
+    )
     args = parser.parse_args(argv)
 
     if args.command in ("demo-corpus", "demo"):
@@ -29,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("run", "demo"):
         run_all(args.config)
     if args.command == "query":
-        print_query(args.config, args.sql)
+        return print_query(args.config, args.sql, args.limit, args.format)
     if args.command in ("summary", "demo"):
         from moe_dag.summary import format_summary
 
@@ -52,12 +59,22 @@ def write_demo_corpus(config_path: str) -> None:
     print(f"demo corpus: {documents} documents in {root} (noise: {manifest['noise']})")
 
 
-def print_query(config_path: str, sql: str) -> None:
-    import duckdb
+def print_query(config_path: str, sql: str, limit: int | None = None, output: str = "table") -> int:
+    """Print the query's rows; a query that cannot run prints one line on stderr and returns 2."""
+    from moe_dag.data.catalog import Catalog, CatalogError
+    from moe_dag.data.lake import Lake
+    from moe_dag.query_output import write_rows
 
     config = load_config(config_path)
-    with duckdb.connect(config.catalog_path, read_only=True) as con:
-        con.sql(sql).show(max_width=160)
+    try:
+        table = Catalog(config.catalog_path, Lake(config.lake_root)).query_arrow(sql)
+    except CatalogError as error:
+        print(f"moe-dag query: {error}", file=sys.stderr)
+        return 2
+    write_rows(table if limit is None else table.slice(0, limit), output, sys.stdout)
+    if limit is not None and table.num_rows > limit:
+        print(f"({table.num_rows - limit} more rows; raise --limit to see them)", file=sys.stderr)
+    return 0
 
 
 def run_all(config_path: str) -> None:

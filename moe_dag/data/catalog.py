@@ -8,9 +8,12 @@ per-source partition runs (which may run in parallel).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
 
 from moe_dag.data.lake import Lake
 
@@ -68,7 +71,7 @@ class Catalog:
                     continue
                 con.execute(
                     f"CREATE OR REPLACE VIEW {stage} AS SELECT * FROM read_parquet("
-                    f"'{pattern}', hive_partitioning = false, union_by_name = true)"
+                    f"{sql_literal(pattern)}, hive_partitioning = false, union_by_name = true)"
                 )
                 created.append(stage)
         return created
@@ -80,8 +83,83 @@ class Catalog:
             return con.execute("SELECT stage, source, rows_in, kept, dropped FROM stage_funnel").fetchall()
 
     def query(self, sql: str) -> list[tuple]:
-        with self.connect(read_only=True) as con:
+        """Rows of a read-only query (see `reader`)."""
+        _check_read_only(sql)
+        with self.reader() as con, _one_line_errors():
             return con.execute(sql).fetchall()
+
+    def query_arrow(self, sql: str) -> pa.Table:
+        _check_read_only(sql)
+        with self.reader() as con, _one_line_errors():
+            return con.sql(sql).to_arrow_table()
+
+    def reader(self) -> duckdb.DuckDBPyConnection:
+        """A connection that can read the views and nothing else.
+
+        The database is opened read-only; files are reachable only under the lake root (what the
+        views read); extensions cannot be installed or loaded; and the configuration is locked so a
+        query cannot undo any of it. `query` also refuses statements that write (COPY TO,
+        EXPORT, ATTACH), which the lake folder would otherwise accept.
+        """
+        if not self.path.exists():
+            raise CatalogError(f"the catalog {self.path} does not exist yet: materialise document_catalog")
+        try:
+            con = duckdb.connect(
+                str(self.path),
+                read_only=True,
+                config={"autoinstall_known_extensions": False, "autoload_known_extensions": False},
+            )
+        except duckdb.IOException as error:
+            if "lock" in str(error).lower():
+                raise CatalogError(
+                    f"the catalog {self.path} is locked by a running materialisation; "
+                    "query again when it finishes"
+                ) from error
+            raise CatalogError(f"cannot open the catalog {self.path}: {error}") from error
+        if not self.lake.is_local:
+            con.execute("LOAD httpfs")
+        lake_root = self.lake.root if self.lake.is_local else self.lake.url
+        con.execute("SET allowed_directories = ?", [[lake_root.rstrip("/") + "/"]])
+        con.execute("SET enable_external_access = false")
+        con.execute("SET lock_configuration = true")
+        return con
+
+
+class CatalogError(RuntimeError):
+    """A catalog query that cannot run, with a one-line reason for the person who asked."""
+
+
+READ_ONLY_STATEMENTS = {
+    duckdb.StatementType.SELECT,
+    duckdb.StatementType.EXPLAIN,
+    duckdb.StatementType.PRAGMA,
+}
+
+
+def _check_read_only(sql: str) -> None:
+    with _one_line_errors():
+        statements = duckdb.extract_statements(sql)
+    if len(statements) != 1:
+        raise CatalogError(f"give exactly one SQL statement, got {len(statements)}")
+    if statements[0].type not in READ_ONLY_STATEMENTS:
+        raise CatalogError(f"only queries can run on the catalog, not {statements[0].type.name}")
+
+
+@contextlib.contextmanager
+def _one_line_errors() -> Iterator[None]:
+    try:
+        yield
+    except duckdb.Error as error:
+        raise CatalogError(_one_line(error)) from error
+
+
+def _one_line(error: Exception) -> str:
+    return " ".join(str(error).split())
+
+
+def sql_literal(value: str) -> str:
+    """`value` as a SQL string literal: DuckDB views cannot take bound parameters, so quote it."""
+    return "'" + value.replace("'", "''") + "'"
 
 
 def chain_breaks(funnel: list[tuple]) -> list[str]:
