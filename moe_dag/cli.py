@@ -29,12 +29,17 @@ def main(argv: list[str] | None = None) -> int:
         default="table",
         help="table for people, csv or json for scripts",
     )
+    commands.add_parser(
+        "free-stuck-runs", help="mark runs whose process is gone as failed and free the pool slots they hold"
+    )
     args = parser.parse_args(argv)
 
     if args.command in ("demo-corpus", "demo"):
         write_demo_corpus(args.config)
     if args.command in ("run", "demo"):
         run_all(args.config)
+    if args.command == "free-stuck-runs":
+        return free_stuck_runs()
     if args.command == "query":
         return print_query(args.config, args.sql, args.limit, args.format)
     if args.command in ("summary", "demo"):
@@ -74,6 +79,22 @@ def print_query(config_path: str, sql: str, limit: int | None = None, output: st
     write_rows(table if limit is None else table.slice(0, limit), output, sys.stdout)
     if limit is not None and table.num_rows > limit:
         print(f"({table.num_rows - limit} more rows; raise --limit to see them)", file=sys.stderr)
+    return 0
+
+
+def free_stuck_runs() -> int:
+    import dagster as dg
+
+    from moe_dag.instance_health import free_dead_runs
+
+    if not os.environ.get("DAGSTER_HOME"):
+        print(
+            "moe-dag free-stuck-runs: set DAGSTER_HOME to the instance's folder (make sets it)",
+            file=sys.stderr,
+        )
+        return 2
+    freed = free_dead_runs(dg.DagsterInstance.get())
+    print("\n".join(freed) if freed else "no stuck run: every active run's process is alive")
     return 0
 
 

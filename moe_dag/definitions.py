@@ -22,6 +22,7 @@ from moe_dag.assets import (
 )
 from moe_dag.assets.partitions import bind_source_partitions
 from moe_dag.config import config_path_from_env, load_config
+from moe_dag.instance_health import free_dead_runs
 from moe_dag.resources import PipelineResource
 
 ASSET_MODULES = [ingest, prefilter, dedup, toxicity, oracle, heads, scoring, catalog, mixture, training]
@@ -53,6 +54,15 @@ def weekly_rescoring_schedule(partitions: dg.PartitionsDefinition) -> dg.Schedul
     return weekly_rescoring
 
 
+@dg.sensor(minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.RUNNING)
+def stuck_run_reaper(context: dg.SensorEvaluationContext) -> dg.SkipReason:
+    """Every minute: runs whose process is gone are marked failed and the pool slots they hold freed."""
+    freed = free_dead_runs(context.instance)
+    for line in freed:
+        context.log.warning(line)
+    return dg.SkipReason("; ".join(freed) or "no stuck run")
+
+
 def build_definitions(config_path: str | Path | None = None) -> dg.Definitions:
     """Every asset, check, job, schedule and resource for the pipeline config at `config_path`."""
     path = Path(config_path) if config_path is not None else config_path_from_env()
@@ -63,6 +73,7 @@ def build_definitions(config_path: str | Path | None = None) -> dg.Definitions:
         asset_checks=dg.load_asset_checks_from_modules(ASSET_MODULES),
         jobs=[curate_source, rescore_sources],
         schedules=[weekly_rescoring_schedule(partitions)],
+        sensors=[stuck_run_reaper],
         resources={"pipeline": PipelineResource(config_path=str(path))},
     )
 

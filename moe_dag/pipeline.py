@@ -12,6 +12,7 @@ from collections.abc import Callable
 import dagster as dg
 
 from moe_dag.definitions import build_definitions
+from moe_dag.instance_health import free_dead_runs, pool_holders
 
 # Step events stay in the instance (and the UI); the console shows what the assets log themselves.
 QUIET_CONSOLE = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
@@ -34,9 +35,13 @@ def materialize_all(
     definitions = build_definitions(config_path)
     sources = definitions.resources["pipeline"].config.source_names
     assets = list(definitions.assets)
+    graph = definitions.resolve_asset_graph()
     started = time.perf_counter()
     for keys, per_source in STAGES:
+        pools = set().union(*(graph.get(dg.AssetKey(key)).pools or set() for key in keys))
         for partition in sources if per_source else [None]:
+            if instance is not None and pools:
+                _report_pool_waits(instance, pools, log)
             stage_started = time.perf_counter()
             result = dg.materialize(
                 assets,
@@ -54,3 +59,11 @@ def materialize_all(
             where = f" [{partition}]" if partition else ""
             log(f"{', '.join(keys)}{where}: {time.perf_counter() - stage_started:.1f}s")
     return time.perf_counter() - started
+
+
+def _report_pool_waits(instance: dg.DagsterInstance, pools: set[str], log: Callable[[str], None]) -> None:
+    """Free what dead runs hold, then say which live run a stage is about to wait for."""
+    for line in free_dead_runs(instance):
+        log(f"freed: {line}")
+    for holder in pool_holders(instance, pools):
+        log(f"waiting: {holder.describe()}; the stage starts when it ends (or: moe-dag free-stuck-runs)")
