@@ -55,7 +55,7 @@ def start_run(tmp_path: Path, seconds: float) -> tuple[subprocess.Popen, Path]:
     marker = tmp_path / f"holding-{time.monotonic_ns()}"
     script = tmp_path / "run.py"
     script.write_text(RUN_SCRIPT)
-    process = subprocess.Popen([sys.executable, str(script), str(marker), str(seconds)], env=os.environ.copy())
+    process = subprocess.Popen([sys.executable, str(script), str(marker), str(seconds)])
     deadline = time.monotonic() + 120
     while not marker.exists():
         assert process.poll() is None, "the pooled run exited before claiming its slot"
