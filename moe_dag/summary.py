@@ -3,25 +3,44 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from moe_dag.config import PipelineConfig
-from moe_dag.data.catalog import FUNNEL_STAGES, Catalog
+from moe_dag.data.catalog import FUNNEL_STAGES, Catalog, CatalogError
 from moe_dag.data.lake import Lake
 
 
 def format_summary(config: PipelineConfig) -> str:
+    """The report, section by section; a section whose inputs do not exist yet says so in one line, so
+    the summary of a partial run shows what exists instead of stopping at what does not."""
     lake = Lake(config.lake_root)
     catalog = Catalog(config.catalog_path, lake)
+    root = Path(lake.root)
     lines = ["", "== moe-dag summary =="]
-    lines += _funnel(catalog, config.source_names)
-    lines += _dedup(catalog)
-    lines += _injected_noise(catalog)
-    lines += _heads(Path(lake.root) / "quality_heads", catalog)
-    lines += _mixture(Path(lake.root) / "tokenized_mixture" / "mixture.json")
-    lines += _evaluation(catalog, Path(lake.root) / "moe_proxy")
+    lines += _section(
+        "documents per stage", "document_catalog", lambda: _funnel(catalog, config.source_names)
+    )
+    lines += _section("duplicates", "deduplicated, document_catalog", lambda: _dedup(catalog))
+    lines += _section(
+        "injected noise", "toxicity_filtered, document_catalog", lambda: _injected_noise(catalog)
+    )
+    lines += _section(
+        "quality heads", "quality_heads, scored_documents", lambda: _heads(root / "quality_heads", catalog)
+    )
+    lines += _section(
+        "mixture", "tokenized_mixture", lambda: _mixture(root / "tokenized_mixture" / "mixture.json")
+    )
+    lines += _section("proxy evaluation", "proxy_eval", lambda: _evaluation(catalog, root / "moe_proxy"))
     lines.append(f"catalog: {catalog.path}  (try: .venv/bin/moe-dag query 'SELECT * FROM stage_funnel')")
     return "\n".join(lines)
+
+
+def _section(title: str, assets: str, build: Callable[[], list[str]]) -> list[str]:
+    try:
+        return build()
+    except (FileNotFoundError, CatalogError) as missing:
+        return [f"{title}: not materialised yet (needs {assets}): {missing}"]
 
 
 def _funnel(catalog: Catalog, sources: list[str]) -> list[str]:
@@ -36,11 +55,22 @@ def _funnel(catalog: Catalog, sources: list[str]) -> list[str]:
     lines = [header]
     lines.append(
         f"{'lines in shards':<{width}}  "
-        + "  ".join(f"{kept[('raw_documents', s)][0] + quarantined.get(s, 0):>8}" for s in sources)
+        + "  ".join(
+            f"{kept.get(('raw_documents', s), (0, 0))[0] + quarantined.get(s, 0):>8}" for s in sources
+        )
     )
     lines.append(f"{'quarantined':<{width}}  " + "  ".join(f"{quarantined.get(s, 0):>8}" for s in sources))
     for stage in FUNNEL_STAGES:
-        lines.append(f"{stage:<{width}}  " + "  ".join(f"{kept[(stage, s)][1]:>8}" for s in sources))
+        counts = (kept.get((stage, s), (0, 0))[1] for s in sources)
+        lines.append(f"{stage:<{width}}  " + "  ".join(f"{count:>8}" for count in counts))
+    for source in sources:
+        reached = [stage for stage in FUNNEL_STAGES if (stage, source) in kept]
+        if reached and kept[(reached[-1], source)][1] == 0:
+            lines.append(
+                f"source {source!r} lost every document at {reached[-1]}: "
+                f'moe-dag query "SELECT reason, count(*) FROM {reached[-1]} '
+                f"WHERE source = '{source}' GROUP BY ALL\""
+            )
     return lines
 
 
