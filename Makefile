@@ -10,7 +10,7 @@ EXTRAS ?= dev
 export DAGSTER_HOME := $(CURDIR)/$(STATE)/dagster
 export MOE_DAG_CONFIG := $(CONFIG)
 
-.PHONY: setup demo test ui bench lint clean
+.PHONY: setup demo test test-fast ui bench lint clean
 
 setup: $(BIN)/.installed $(DAGSTER_HOME)/dagster.yaml
 
@@ -30,6 +30,11 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest -q
+
+# The quick subset while working: everything but the tests marked slow (process kills, whole-graph runs,
+# the browser, PostgreSQL). CI runs the whole suite.
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not slow"
 
 ui: setup
 	$(BIN)/dagster dev -h 127.0.0.1 -p 3000

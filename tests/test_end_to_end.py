@@ -5,6 +5,7 @@ import math
 from pathlib import Path
 
 import dagster as dg
+import pytest
 import yaml
 
 from moe_dag import cli
@@ -32,6 +33,7 @@ def tiny_config(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_whole_graph_materialises_and_every_row_is_accounted_for(tmp_path, capsys):
     config_path = tiny_config(tmp_path)
     config = load_config(config_path)

@@ -18,6 +18,8 @@ import pytest
 from moe_dag.instance_health import free_dead_runs, pool_holders
 from moe_dag.pipeline import _report_pool_waits
 
+pytestmark = pytest.mark.slow  # real processes, killed
+
 INSTANCE_YAML = """
 telemetry: {enabled: false}
 concurrency:
