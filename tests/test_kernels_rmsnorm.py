@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from moe_dag.kernels import rmsnorm
+from moe_dag.kernels import backend, rmsnorm
 from moe_dag.kernels.rmsnorm import TritonRMSNorm, rms_norm, rms_norm_reference, use_triton_rms_norm
 
 EPS = 1e-6
@@ -37,7 +37,7 @@ TOLERANCES = {
 
 def run_kernels(out_path: str) -> None:
     """In the child: run every case forward and backward through the Triton op, then check the op."""
-    assert rmsnorm.INTERPRETED, "the child must start with TRITON_INTERPRET=1"
+    assert backend.INTERPRETED, "the child must start with TRITON_INTERPRET=1"
     torch.manual_seed(0)
     cases = {}
     for name, (shape, x_dtype, weight_dtype) in CASES.items():
@@ -93,7 +93,7 @@ def test_reference_matches_torch_rms_norm():
     torch.testing.assert_close(rms_norm_reference(x, weight, EPS), expected, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.skipif(rmsnorm.INTERPRETED, reason="TRITON_INTERPRET=1 routes CPU tensors to Triton")
+@pytest.mark.skipif(backend.INTERPRETED, reason="TRITON_INTERPRET=1 routes CPU tensors to Triton")
 def test_cpu_tensors_use_the_reference_when_not_interpreted():
     x, weight = torch.randn(3, 40), torch.randn(40)
     assert torch.equal(rms_norm(x, weight, EPS), rms_norm_reference(x, weight, EPS))
