@@ -34,9 +34,6 @@ from moe_dag.kernels.fp8 import ACTIVATION_BLOCK, FP8_DTYPE, WEIGHT_BLOCK, dequa
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 SCALE_BLOCK = 128
-# Triton's interpreter keeps bfloat16 as raw 16-bit patterns and tl.dot multiplies those as integers, so
-# interpreted dots widen bfloat16 to float32 first; compiled kernels feed bfloat16 to the tensor cores.
-_WIDEN_BF16_DOT = tl.constexpr(INTERPRETED)
 
 
 def _check_inputs(x_MD: torch.Tensor, w_EDF: torch.Tensor, offsets_E: torch.Tensor) -> None:
@@ -103,21 +100,11 @@ def grouped_mm_fp8_reference(
 
 
 @triton.jit
-def _dot(a, b, acc, IEEE: tl.constexpr):
-    """acc + a @ b in float32: IEEE (no TF32) for float32 operands, as torch's matmul."""
-    if _WIDEN_BF16_DOT and a.dtype == tl.bfloat16:
-        a, b = a.to(tl.float32), b.to(tl.float32)
-    if IEEE:
-        return tl.dot(a, b, acc, input_precision="ieee")
-    return tl.dot(a, b, acc)
-
-
-@triton.jit
 def _grouped_mm_kernel(
     x_ptr, w_ptr, y_ptr, offsets_ptr, x_scale_ptr, w_scale_ptr, E, D, F, programs,
     stride_xm, stride_xd, stride_we, stride_wd, stride_wf, stride_ym, stride_yf,
     stride_xsm, stride_xsd, stride_wse, stride_wsd, stride_wsf,
-    SCALED: tl.constexpr, IEEE: tl.constexpr,
+    SCALED: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     f_tiles = tl.cdiv(F, BLOCK_F)
@@ -160,7 +147,9 @@ def _grouped_mm_kernel(
                     )  # fmt: skip
                     acc += tl.dot(x, w) * (x_scale[:, None] * w_scale)
                 else:
-                    acc = _dot(x, w, acc, IEEE)
+                    if WIDEN:
+                        x, w = x.to(tl.float32), w.to(tl.float32)
+                    acc = tl.dot(x, w, acc, input_precision=PRECISION)
             tl.store(
                 y_ptr + rows[:, None] * stride_ym + cols[None, :] * stride_yf,
                 acc.to(y_ptr.dtype.element_ty),
@@ -186,7 +175,7 @@ _grouped_mm_bf16_kernel = triton.autotune(
         ],  # fmt: skip
         interpreted=triton.Config({"BLOCK_M": 16, "BLOCK_F": 32, "BLOCK_D": 32}),
     ),
-    key=["E", "D", "F", "IEEE"],
+    key=["E", "D", "F", "PRECISION"],
 )(_grouped_mm_kernel)
 
 _grouped_mm_fp8_kernel = triton.autotune(
@@ -209,13 +198,14 @@ _grouped_mm_fp8_kernel = triton.autotune(
         ],
         interpreted=triton.Config({"BLOCK_M": 16, "BLOCK_D": 32, "BLOCK_F": 32}),
     ),
-    key=["E", "D", "F", "IEEE"],
+    key=["E", "D", "F", "PRECISION"],
 )
 @triton.jit
 def _grouped_weight_grad_kernel(
     x_ptr, dy_ptr, dw_ptr, offsets_ptr, E, D, F,
     stride_xm, stride_xd, stride_ym, stride_yf, stride_we, stride_wd, stride_wf,
-    IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_F: tl.constexpr,
+    PRECISION: tl.constexpr, WIDEN: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_F: tl.constexpr,
 ):  # fmt: skip
     """dw[e] = x[rows of e]^T @ dy[rows of e]; zeros for an expert without rows."""
     e = tl.program_id(1)
@@ -239,12 +229,24 @@ def _grouped_weight_grad_kernel(
             mask=in_rows[:, None] & in_fs[None, :],
             other=0.0,
         )
-        acc = _dot(x_DM, dy_MF, acc, IEEE)
+        if WIDEN:
+            x_DM, dy_MF = x_DM.to(tl.float32), dy_MF.to(tl.float32)
+        acc = tl.dot(x_DM, dy_MF, acc, input_precision=PRECISION)
     tl.store(
         dw_ptr + e * stride_we + ds[:, None] * stride_wd + fs[None, :] * stride_wf,
         acc.to(dw_ptr.dtype.element_ty),
         mask=in_ds[:, None] & in_fs[None, :],
     )
+
+
+def _dot_options(dtype: torch.dtype) -> dict[str, object]:
+    """float32 operands multiply in IEEE float32 as torch's matmul does, not TF32. Triton's interpreter
+    keeps bfloat16 as raw 16-bit patterns and its tl.dot multiplies those as integers, so interpreted
+    dots widen bfloat16 to float32 first; compiled kernels feed bfloat16 to the tensor cores."""
+    return {
+        "PRECISION": "ieee" if dtype == torch.float32 else "tf32",
+        "WIDEN": INTERPRETED and dtype == torch.bfloat16,
+    }
 
 
 def _launch_grouped_mm(kernel, x_MD, w_EDF, offsets_E, y_MF, x_scale=None, w_scale=None) -> None:
@@ -255,7 +257,7 @@ def _launch_grouped_mm(kernel, x_MD, w_EDF, offsets_E, y_MF, x_scale=None, w_sca
     kernel[(programs,)](
         x_MD, w_EDF, y_MF, offsets_E, x_scale if scaled else x_MD, w_scale if scaled else x_MD,
         E, D, F, programs, *x_MD.stride(), *w_EDF.stride(), *y_MF.stride(), *scale_strides,
-        SCALED=scaled, IEEE=x_MD.dtype == torch.float32,
+        SCALED=scaled, **_dot_options(x_MD.dtype),
     )  # fmt: skip
 
 
@@ -284,7 +286,7 @@ def grouped_mm_weight_grad(
     grid = lambda meta: (triton.cdiv(D, meta["BLOCK_D"]) * triton.cdiv(F, meta["BLOCK_F"]), E)  # noqa: E731
     _grouped_weight_grad_kernel[grid](
         x_MD, dy_MF, dw_EDF, offsets_E, E, D, F, *x_MD.stride(), *dy_MF.stride(), *dw_EDF.stride(),
-        IEEE=x_MD.dtype == torch.float32,
+        **_dot_options(x_MD.dtype),
     )  # fmt: skip
     return dw_EDF
 

@@ -155,7 +155,11 @@ def _launch_config(E: int, top_k: int) -> dict[str, int]:
 def route_op(
     logits_NE: torch.Tensor, bias_E: torch.Tensor, top_k: int, score_fn: str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The Triton kernel: (expert_NK int64, gate_NK float32, counts_E int32)."""
+    """The Triton kernel: (gate_NK float32, expert_NK int64, counts_E int32).
+
+    Gates come first, unlike in `route`, because torch.library.opcheck's compile check sums the outputs
+    into the first one's dtype, which must then be a float.
+    """
     _check_inputs(logits_NE, bias_E, top_k, score_fn)
     N, E = logits_NE.shape
     if E > MAX_EXPERTS:
@@ -168,7 +172,7 @@ def route_op(
         logits_NE.contiguous(), bias_E.contiguous(), expert_NK, gate_NK, counts_E, N, E,
         K=top_k, SIGMOID=score_fn == "sigmoid", **config,
     )  # fmt: skip
-    return expert_NK, gate_NK, counts_E
+    return gate_NK, expert_NK, counts_E
 
 
 @route_op.register_fake
@@ -178,8 +182,8 @@ def _(
     _check_inputs(logits_NE, bias_E, top_k, score_fn)
     N, E = logits_NE.shape
     return (
-        logits_NE.new_empty(N, top_k, dtype=torch.int64),
         logits_NE.new_empty(N, top_k, dtype=torch.float32),
+        logits_NE.new_empty(N, top_k, dtype=torch.int64),
         logits_NE.new_empty(E, dtype=torch.int32),
     )
 
@@ -211,13 +215,13 @@ def _(
 
 def _setup_context(ctx, inputs, output) -> None:
     logits_NE, _bias_E, _top_k, score_fn = inputs
-    expert_NK, gate_NK, counts_E = output
+    gate_NK, expert_NK, counts_E = output
     ctx.mark_non_differentiable(expert_NK, counts_E)
     ctx.save_for_backward(logits_NE, expert_NK, gate_NK)
     ctx.score_fn = score_fn
 
 
-def _backward(ctx, _dexpert, dgate_NK: torch.Tensor, _dcounts):
+def _backward(ctx, dgate_NK: torch.Tensor, _dexpert, _dcounts):
     logits_NE, expert_NK, gate_NK = ctx.saved_tensors
     dlogits_NE = route_backward_op(dgate_NK, gate_NK, expert_NK, logits_NE, ctx.score_fn)
     return dlogits_NE, None, None, None
@@ -240,5 +244,6 @@ def route(
         and logits_NE.dtype in KERNEL_DTYPES
         and logits_NE.shape[1] <= MAX_EXPERTS
     ):
-        return route_op(logits_NE, bias_E, top_k, score_fn)
+        gate_NK, expert_NK, counts_E = route_op(logits_NE, bias_E, top_k, score_fn)
+        return expert_NK, gate_NK, counts_E
     return route_reference(logits_NE, bias_E, top_k, score_fn)
