@@ -20,6 +20,16 @@ def triton_runs_on(*tensors: torch.Tensor) -> bool:
     return INTERPRETED or all(t.is_cuda for t in tensors)
 
 
+def fp8_triton_runs_on(*tensors: torch.Tensor) -> bool:
+    """`triton_runs_on`, and on CUDA only from compute capability 8.9 (Ada, Hopper): Triton has no e4m3
+    type on older GPUs."""
+    if INTERPRETED:
+        return True
+    return triton_runs_on(*tensors) and all(
+        torch.cuda.get_device_capability(t.device) >= (8, 9) for t in tensors
+    )
+
+
 def autotune_configs(gpu: list[triton.Config], interpreted: triton.Config) -> list[triton.Config]:
     """Every GPU config to time on a GPU; under the interpreter only `interpreted`, since timing the
     interpreter measures nothing and every extra config would rerun the kernel on CPU."""

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from moe_dag.kernels.backend import autotune_configs, triton_runs_on
+from moe_dag.kernels.backend import autotune_configs, fp8_triton_runs_on
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -127,32 +127,35 @@ _QUANTIZE_CONFIGS = autotune_configs(
 )
 
 
+@triton.jit
+def _program_tile(R, C, Rb, Cb, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, ROW_GROUPS: tl.constexpr):
+    """This program's tile of a (B, R, C) tensor: ROW_GROUPS blocks stacked along the rows, one block
+    wide. Returns offsets and mask of its values, and offsets and mask of its ROW_GROUPS scales."""
+    row_block0 = tl.program_id(0) * ROW_GROUPS
+    col_block = tl.program_id(1)
+    batch = tl.program_id(2).to(tl.int64)
+    rows = row_block0 * BLOCK_R + tl.arange(0, ROW_GROUPS * BLOCK_R)
+    cols = col_block * BLOCK_C + tl.arange(0, BLOCK_C)
+    at = batch * R * C + rows[:, None].to(tl.int64) * C + cols[None, :]
+    row_blocks = row_block0 + tl.arange(0, ROW_GROUPS)
+    scale_at = batch * Rb * Cb + row_blocks * Cb + col_block
+    return at, (rows[:, None] < R) & (cols[None, :] < C), scale_at, row_blocks < Rb
+
+
 @triton.autotune(configs=_QUANTIZE_CONFIGS, key=["C", "BLOCK_R", "BLOCK_C"])
 @triton.jit
 def _quantize_kernel(
     x_ptr, q_ptr, scale_ptr, R, C, Rb, Cb,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, ROW_GROUPS: tl.constexpr,
 ):  # fmt: skip
-    """One program quantises ROW_GROUPS blocks stacked along the rows: a tile of ROW_GROUPS * BLOCK_R rows."""
-    TILE_R: tl.constexpr = ROW_GROUPS * BLOCK_R
-    row_block0 = tl.program_id(0) * ROW_GROUPS
-    col_block = tl.program_id(1)
-    batch = tl.program_id(2).to(tl.int64)
-    rows = row_block0 * BLOCK_R + tl.arange(0, TILE_R)
-    cols = col_block * BLOCK_C + tl.arange(0, BLOCK_C)
-    inside = (rows[:, None] < R) & (cols[None, :] < C)
-    at = batch * R * C + rows[:, None].to(tl.int64) * C + cols[None, :]
+    at, inside, scale_at, scale_inside = _program_tile(R, C, Rb, Cb, BLOCK_R, BLOCK_C, ROW_GROUPS)
     x = tl.load(x_ptr + at, mask=inside, other=0.0).to(tl.float32)
-
     amax_G = tl.max(tl.max(tl.reshape(tl.abs(x), [ROW_GROUPS, BLOCK_R, BLOCK_C]), axis=2), axis=1)
     scale_G = tl.where(amax_G > 0, tl.div_rn(amax_G, 448.0), 1.0)
-    scale_rows = tl.reshape(tl.broadcast_to(scale_G[:, None], [ROW_GROUPS, BLOCK_R]), [TILE_R])
+    scale_rows = tl.reshape(tl.broadcast_to(scale_G[:, None], [ROW_GROUPS, BLOCK_R]), [ROW_GROUPS * BLOCK_R])
     v = tl.clamp(tl.div_rn(x, scale_rows[:, None]), -448.0, 448.0)
     tl.store(q_ptr + at, _round_to_e4m3_grid(v).to(q_ptr.dtype.element_ty), mask=inside)
-
-    row_blocks = row_block0 + tl.arange(0, ROW_GROUPS)
-    scale_at = batch * Rb * Cb + row_blocks * Cb + col_block
-    tl.store(scale_ptr + scale_at, scale_G, mask=row_blocks < Rb)
+    tl.store(scale_ptr + scale_at, scale_G, mask=scale_inside)
 
 
 @triton.autotune(configs=_QUANTIZE_CONFIGS, key=["C", "BLOCK_R", "BLOCK_C"])
@@ -161,18 +164,11 @@ def _dequantize_kernel(
     q_ptr, scale_ptr, x_ptr, R, C, Rb, Cb,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, ROW_GROUPS: tl.constexpr,
 ):  # fmt: skip
-    TILE_R: tl.constexpr = ROW_GROUPS * BLOCK_R
-    row_block0 = tl.program_id(0) * ROW_GROUPS
-    col_block = tl.program_id(1)
-    batch = tl.program_id(2).to(tl.int64)
-    rows = row_block0 * BLOCK_R + tl.arange(0, TILE_R)
-    cols = col_block * BLOCK_C + tl.arange(0, BLOCK_C)
-    inside = (rows[:, None] < R) & (cols[None, :] < C)
-    at = batch * R * C + rows[:, None].to(tl.int64) * C + cols[None, :]
+    at, inside, scale_at, scale_inside = _program_tile(R, C, Rb, Cb, BLOCK_R, BLOCK_C, ROW_GROUPS)
     q = tl.load(q_ptr + at, mask=inside, other=0.0).to(tl.float32)
-    row_blocks = rows // BLOCK_R
-    scale = tl.load(scale_ptr + batch * Rb * Cb + row_blocks * Cb + col_block, mask=rows < R, other=0.0)
-    tl.store(x_ptr + at, (q * scale[:, None]).to(x_ptr.dtype.element_ty), mask=inside)
+    scale_G = tl.load(scale_ptr + scale_at, mask=scale_inside, other=0.0)
+    scale_rows = tl.reshape(tl.broadcast_to(scale_G[:, None], [ROW_GROUPS, BLOCK_R]), [ROW_GROUPS * BLOCK_R])
+    tl.store(x_ptr + at, (q * scale_rows[:, None]).to(x_ptr.dtype.element_ty), mask=inside)
 
 
 def _grid(B: int, R: int, C: int, block: tuple[int, int]):
@@ -238,11 +234,12 @@ def quantize_fp8_blockwise(
 
     `block` is (rows, columns): ACTIVATION_BLOCK (1, 128) for activations, WEIGHT_BLOCK (128, 128) for
     weights (leading dimensions such as experts are a batch). The Triton kernel where it can run (CUDA
-    tensors, or TRITON_INTERPRET=1), else `quantize_fp8_blockwise_reference`; both give the same bits.
+    tensors on Ada or Hopper and newer, or TRITON_INTERPRET=1), else `quantize_fp8_blockwise_reference`;
+    both give the same bits.
     Not differentiable: a precision recipe decides what gradient passes through quantisation.
     """
     _check_block(block)
-    if triton_runs_on(x) and x.dtype in KERNEL_DTYPES and x.numel() > 0:
+    if fp8_triton_runs_on(x) and x.dtype in KERNEL_DTYPES and x.numel() > 0:
         return quantize_fp8_blockwise_op(x, *block)
     return quantize_fp8_blockwise_reference(x, block)
 
@@ -253,6 +250,6 @@ def dequantize_fp8_blockwise(
 ) -> torch.Tensor:  # fmt: skip
     """q * scale per block, in `dtype`: the inverse of `quantize_fp8_blockwise` up to e4m3 rounding."""
     _check_quantized(q, scale, block)
-    if triton_runs_on(q, scale) and dtype in KERNEL_DTYPES and q.numel() > 0:
+    if fp8_triton_runs_on(q, scale) and dtype in KERNEL_DTYPES and q.numel() > 0:
         return dequantize_fp8_blockwise_op(q, scale, *block, dtype)
     return dequantize_fp8_blockwise_reference(q, scale, block, dtype)

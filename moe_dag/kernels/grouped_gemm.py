@@ -29,7 +29,13 @@ import torch
 import triton
 import triton.language as tl
 
-from moe_dag.kernels.backend import INTERPRETED, autotune_configs, multiprocessor_count, triton_runs_on
+from moe_dag.kernels.backend import (
+    INTERPRETED,
+    autotune_configs,
+    fp8_triton_runs_on,
+    multiprocessor_count,
+    triton_runs_on,
+)
 from moe_dag.kernels.fp8 import ACTIVATION_BLOCK, FP8_DTYPE, WEIGHT_BLOCK, dequantize_fp8_blockwise_reference
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -351,15 +357,12 @@ def grouped_mm_fp8(
     """`grouped_mm` on FP8 operands from `quantize_fp8_blockwise`: x per 1x128 tile (ACTIVATION_BLOCK),
     w per 128x128 block (WEIGHT_BLOCK; quantise w_EFD and pass both values and scales transposed).
 
-    The Triton kernel where it can run (Hopper or newer for e4m3 tensor cores, or TRITON_INTERPRET=1),
-    else `grouped_mm_fp8_reference`. Forward only: the FP8 training recipe decides the backward.
+    The Triton kernel where it can run (CUDA tensors on Ada or Hopper and newer, the first GPUs with e4m3
+    tensor cores, or TRITON_INTERPRET=1), else `grouped_mm_fp8_reference`. Forward only: the FP8
+    training recipe decides the backward.
     """
     _check_fp8_inputs(xq_MD, x_scale_MDb, wq_EDF, w_scale_EDbFb, offsets_E)
     tensors = (xq_MD, x_scale_MDb, wq_EDF, w_scale_EDbFb, offsets_E)
-    if triton_runs_on(*tensors) and _has_fp8_tensor_cores(xq_MD.device) and xq_MD.shape[0] > 0:
+    if fp8_triton_runs_on(*tensors) and xq_MD.shape[0] > 0:
         return grouped_mm_fp8_op(*tensors, out_dtype)
     return grouped_mm_fp8_reference(*tensors, out_dtype)
-
-
-def _has_fp8_tensor_cores(device: torch.device) -> bool:
-    return device.type != "cuda" or torch.cuda.get_device_capability(device) >= (8, 9)

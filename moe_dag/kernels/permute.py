@@ -109,6 +109,20 @@ _ROW_CONFIGS = autotune_configs(
 )
 
 
+@triton.jit
+def _token_choices(row_ptr, gate_ptr, token, K, HAS_GATE: tl.constexpr, BLOCK_K: tl.constexpr):
+    """A token's K choices padded to BLOCK_K: slot index, which slots are real, sorted rows, gates (1
+    without gates, 0 in padding)."""
+    chosen = tl.arange(0, BLOCK_K)
+    in_k = chosen < K
+    row = tl.load(row_ptr + token * K + chosen, mask=in_k, other=0).to(tl.int64)
+    if HAS_GATE:
+        gate = tl.load(gate_ptr + token * K + chosen, mask=in_k, other=0.0).to(tl.float32)
+    else:
+        gate = tl.where(in_k, 1.0, 0.0)
+    return chosen, in_k, row, gate
+
+
 @triton.autotune(configs=_ROW_CONFIGS, key=["D", "K", "HAS_GATE", "WITH_DGATE"])
 @triton.jit
 def _scatter_rows_kernel(
@@ -117,13 +131,7 @@ def _scatter_rows_kernel(
 ):  # fmt: skip
     """dst[row_NK[n, k]] = gate_NK[n, k] * src[n]; WITH_DGATE also dgate_NK[n, k] = <src[n], dot[row]>."""
     token = tl.program_id(0).to(tl.int64)
-    chosen = tl.arange(0, BLOCK_K)
-    in_k = chosen < K
-    row = tl.load(row_ptr + token * K + chosen, mask=in_k, other=0).to(tl.int64)
-    if HAS_GATE:
-        gate = tl.load(gate_ptr + token * K + chosen, mask=in_k, other=0.0).to(tl.float32)
-    else:
-        gate = tl.where(in_k, 1.0, 0.0)
+    chosen, in_k, row, gate = _token_choices(row_ptr, gate_ptr, token, K, HAS_GATE, BLOCK_K)
     dgate = tl.zeros([BLOCK_K], dtype=tl.float32)
     for d0 in range(0, D, BLOCK_D):
         cols = d0 + tl.arange(0, BLOCK_D)
@@ -149,13 +157,7 @@ def _gather_sum_kernel(
 ):  # fmt: skip
     """dst[n] = sum over k of gate_NK[n, k] * src[row_NK[n, k]], in float32."""
     token = tl.program_id(0).to(tl.int64)
-    chosen = tl.arange(0, BLOCK_K)
-    in_k = chosen < K
-    row = tl.load(row_ptr + token * K + chosen, mask=in_k, other=0).to(tl.int64)
-    if HAS_GATE:
-        gate = tl.load(gate_ptr + token * K + chosen, mask=in_k, other=0.0).to(tl.float32)
-    else:
-        gate = tl.where(in_k, 1.0, 0.0)
+    chosen, in_k, row, gate = _token_choices(row_ptr, gate_ptr, token, K, HAS_GATE, BLOCK_K)
     for d0 in range(0, D, BLOCK_D):
         cols = d0 + tl.arange(0, BLOCK_D)
         in_cols = cols < D
