@@ -57,12 +57,24 @@ def run_kernels() -> dict[str, dict[str, torch.Tensor]]:
             "dgate": gate.grad, "dx_MD": x_MD.grad, "dy_MD": y_MD.grad,
         }  # fmt: skip
 
+    # Gates that need no gradient: backward takes the gated scatter alone.
     x, gate = torch.randn(5, 8, requires_grad=True), torch.rand(5, 2, requires_grad=True)
     expert = routing(5, 4, 2, 4)
     row, _ = torch.ops.moe_dag.sort_by_expert(expert, 4)
+    y_MD, dy = torch.randn(10, 8, requires_grad=True), torch.randn(5, 8)
+    unpermute(y_MD, row, gate.detach()).backward(dy)
+    cases["fixed_gates"] = {
+        "y_MD": y_MD.detach(),
+        "row": row,
+        "gate": gate.detach(),
+        "dy": dy,
+        "dy_MD": y_MD.grad,
+    }
+
     y_MD = torch.randn(10, 8, requires_grad=True)
     torch.library.opcheck(torch.ops.moe_dag.sort_by_expert.default, (expert, 4))
-    torch.library.opcheck(torch.ops.moe_dag.scatter_rows.default, (x, row))
+    torch.library.opcheck(torch.ops.moe_dag.scatter_rows.default, (x, row, None))
+    torch.library.opcheck(torch.ops.moe_dag.scatter_rows.default, (x, row, gate.detach()))
     torch.library.opcheck(torch.ops.moe_dag.gather_sum_rows.default, (y_MD, row, gate))
     torch.library.opcheck(torch.ops.moe_dag.gather_sum_rows.default, (y_MD, row, None))
     backward_args = (torch.randn(5, 8), y_MD.detach(), row, gate.detach())
@@ -105,6 +117,13 @@ def test_triton_permute_backward_sums_each_tokens_rows(interpreted, name):
     x = case["x"].double().requires_grad_()
     permute_reference(x, case["expert"], CASES[name][2])[0].backward(case["dx_MD"].double())
     torch.testing.assert_close(case["dx"].double(), x.grad, **TOLERANCES[case["x"].dtype])
+
+
+def test_unpermute_backward_without_gate_gradients(interpreted):
+    case = interpreted["fixed_gates"]
+    y_MD = case["y_MD"].double().requires_grad_()
+    unpermute_reference(y_MD, case["row"], case["gate"].double()).backward(case["dy"].double())
+    torch.testing.assert_close(case["dy_MD"].double(), y_MD.grad, **TOLERANCES[torch.float32])
 
 
 def test_experts_without_tokens_get_empty_slices(interpreted):

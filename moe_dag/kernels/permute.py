@@ -195,19 +195,21 @@ def _(expert_NK: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Te
 
 
 @torch.library.custom_op("moe_dag::scatter_rows", mutates_args=())
-def scatter_rows(x_ND: torch.Tensor, row_NK: torch.Tensor) -> torch.Tensor:
-    """x_MD[row_NK[n, k]] = x_ND[n]: every token copied to the rows of its K choices."""
+def scatter_rows(x_ND: torch.Tensor, row_NK: torch.Tensor, gate_NK: torch.Tensor | None) -> torch.Tensor:
+    """x_MD[row_NK[n, k]] = gate_NK[n, k] (1 without gates) * x_ND[n]: every token copied to the rows
+    of its K choices."""
     N, K = row_NK.shape
     x_MD = x_ND.new_empty(N * K, x_ND.shape[1])
     _scatter_rows_kernel[(N,)](
-        x_ND.contiguous(), row_NK.contiguous(), x_ND, x_MD, x_ND, x_ND, x_ND.shape[1],
-        K, HAS_GATE=False, WITH_DGATE=False, BLOCK_K=triton.next_power_of_2(K),
+        x_ND.contiguous(), row_NK.contiguous(), gate_NK.contiguous() if gate_NK is not None else x_ND, x_MD,
+        x_ND, x_ND, x_ND.shape[1], K, HAS_GATE=gate_NK is not None, WITH_DGATE=False,
+        BLOCK_K=triton.next_power_of_2(K),
     )  # fmt: skip
     return x_MD
 
 
 @scatter_rows.register_fake
-def _(x_ND: torch.Tensor, row_NK: torch.Tensor) -> torch.Tensor:
+def _(x_ND: torch.Tensor, row_NK: torch.Tensor, gate_NK: torch.Tensor | None) -> torch.Tensor:
     return x_ND.new_empty(row_NK.numel(), x_ND.shape[1])
 
 
@@ -251,12 +253,17 @@ def _(
 
 
 def _scatter_setup_context(ctx, inputs, output) -> None:
-    ctx.save_for_backward(inputs[1])
+    _x_ND, row_NK, gate_NK = inputs
+    ctx.save_for_backward(row_NK, gate_NK)
 
 
 def _scatter_backward(ctx, dx_MD: torch.Tensor):
-    (row_NK,) = ctx.saved_tensors
-    return gather_sum_rows(dx_MD, row_NK, None), None
+    row_NK, gate_NK = ctx.saved_tensors
+    if ctx.needs_input_grad[2]:
+        raise NotImplementedError(
+            "scatter_rows gives no gradient to its gates; unpermute is where gates learn"
+        )
+    return gather_sum_rows(dx_MD, row_NK, gate_NK), None, None
 
 
 scatter_rows.register_autograd(_scatter_backward, setup_context=_scatter_setup_context)
@@ -269,9 +276,8 @@ def _gather_setup_context(ctx, inputs, output) -> None:
 
 def _gather_backward(ctx, dy_ND: torch.Tensor):
     y_MD, row_NK, gate_NK = ctx.saved_tensors
-    if gate_NK is None:
-        dy_MD = scatter_rows(dy_ND, row_NK)
-        return dy_MD, None, None
+    if gate_NK is None or not ctx.needs_input_grad[2]:
+        return scatter_rows(dy_ND, row_NK, gate_NK), None, None
     dy_MD, dgate_NK = unpermute_backward(dy_ND, y_MD, row_NK, gate_NK)
     return dy_MD, None, dgate_NK
 
@@ -293,7 +299,7 @@ def permute(
     _check_routing(x_ND, expert_NK, num_experts)
     if triton_runs_on(x_ND, expert_NK) and x_ND.dtype in KERNEL_DTYPES and num_experts <= MAX_EXPERTS:
         row_NK, counts_E = sort_by_expert(expert_NK, num_experts)
-        return scatter_rows(x_ND, row_NK), counts_E, row_NK
+        return scatter_rows(x_ND, row_NK, None), counts_E, row_NK
     return permute_reference(x_ND, expert_NK, num_experts)
 
 
