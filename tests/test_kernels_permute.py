@@ -10,7 +10,7 @@ import pytest
 import torch
 from interpreted_kernels import run_interpreted
 
-from moe_dag.kernels import backend
+from moe_dag.kernels import backend, grouped_mm, route
 from moe_dag.kernels.permute import permute, permute_reference, unpermute, unpermute_reference
 
 # tokens, width, experts, top k, dtype: widths that are not a multiple of the block, a top k that is
@@ -155,6 +155,18 @@ def test_cpu_tensors_use_the_reference_when_not_interpreted():
     expected = permute_reference(x, expert, 4)
     assert all(torch.equal(a, b) for a, b in zip((x_MD, counts, row), expected, strict=True))
     assert torch.equal(unpermute(x_MD, row, gate), unpermute_reference(x_MD, row, gate))
+
+
+def test_a_layer_call_without_tokens_passes_through_every_dispatcher():
+    # An expert-parallel rank can receive no tokens at all; every step must still run, forward and back.
+    logits, x = torch.randn(0, 4, requires_grad=True), torch.randn(0, 8, requires_grad=True)
+    w = torch.randn(4, 8, 8, requires_grad=True)
+    expert, gate, counts = route(logits, torch.zeros(4), 2, "softmax")
+    x_MD, _, row = permute(x, expert, 4)
+    y = unpermute(grouped_mm(x_MD, w, counts.cumsum(0, dtype=torch.int32)), row, gate)
+    y.sum().backward()
+    assert y.shape == (0, 8) and counts.tolist() == [0, 0, 0, 0]
+    assert x.grad.shape == (0, 8) and (w.grad == 0).all()
 
 
 def test_bad_shapes_are_value_errors():

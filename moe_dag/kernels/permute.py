@@ -297,7 +297,8 @@ def permute(
     `permute_reference`. Gradients flow to x.
     """
     _check_routing(x_ND, expert_NK, num_experts)
-    if triton_runs_on(x_ND, expert_NK) and x_ND.dtype in KERNEL_DTYPES and num_experts <= MAX_EXPERTS:
+    fits = x_ND.dtype in KERNEL_DTYPES and x_ND.shape[0] > 0 and num_experts <= MAX_EXPERTS
+    if triton_runs_on(x_ND, expert_NK) and fits:
         row_NK, counts_E = sort_by_expert(expert_NK, num_experts)
         return scatter_rows(x_ND, row_NK, None), counts_E, row_NK
     return permute_reference(x_ND, expert_NK, num_experts)
@@ -310,6 +311,6 @@ def unpermute(y_MD: torch.Tensor, row_NK: torch.Tensor, gate_NK: torch.Tensor) -
     `unpermute_reference`. Gradients flow to y_MD and to the gates.
     """
     _check_unpermute(y_MD, row_NK, gate_NK)
-    if triton_runs_on(y_MD, row_NK, gate_NK) and y_MD.dtype in KERNEL_DTYPES:
+    if triton_runs_on(y_MD, row_NK, gate_NK) and y_MD.dtype in KERNEL_DTYPES and row_NK.shape[0] > 0:
         return gather_sum_rows(y_MD, row_NK, gate_NK)
     return unpermute_reference(y_MD, row_NK, gate_NK)

@@ -239,11 +239,8 @@ def route(
     Gradients flow to the logits through the gates; the bias only chooses.
     """
     _check_inputs(logits_NE, bias_E, top_k, score_fn)
-    if (
-        triton_runs_on(logits_NE, bias_E)
-        and logits_NE.dtype in KERNEL_DTYPES
-        and logits_NE.shape[1] <= MAX_EXPERTS
-    ):
+    N, E = logits_NE.shape
+    if triton_runs_on(logits_NE, bias_E) and logits_NE.dtype in KERNEL_DTYPES and N > 0 and E <= MAX_EXPERTS:
         gate_NK, expert_NK, counts_E = route_op(logits_NE, bias_E, top_k, score_fn)
         return expert_NK, gate_NK, counts_E
     return route_reference(logits_NE, bias_E, top_k, score_fn)
