@@ -8,9 +8,10 @@ import sys
 
 import pytest
 import torch
+import triton
 from interpreted_kernels import run_interpreted
 
-from moe_dag.kernels import backend
+from moe_dag.kernels import backend, fp8
 from moe_dag.kernels.fp8 import (
     ACTIVATION_BLOCK,
     FP8_DTYPE,
@@ -119,6 +120,16 @@ def test_cpu_tensors_use_the_reference_when_not_interpreted():
     q, scale = quantize_fp8_blockwise(x)
     assert torch.equal(q.view(torch.uint8), quantize_fp8_blockwise_reference(x)[0].view(torch.uint8))
     assert torch.equal(dequantize_fp8_blockwise(q, scale), dequantize_fp8_blockwise_reference(q, scale))
+
+
+def test_gpu_autotuning_keeps_tiles_that_fit_in_registers():
+    configs = [triton.Config({"ROW_GROUPS": g}) for g in (1, 4, 16, 32)]
+    weight_configs = fp8._tiles_that_fit(configs, {}, BLOCK_R=128, BLOCK_C=128)
+    activation_configs = fp8._tiles_that_fit(configs, {}, BLOCK_R=1, BLOCK_C=128)
+    assert [c.kwargs["ROW_GROUPS"] for c in weight_configs] == [1]
+    assert activation_configs == configs
+    # A block larger than any tile still gets the smallest config rather than none.
+    assert [c.kwargs["ROW_GROUPS"] for c in fp8._tiles_that_fit(configs, {}, BLOCK_R=256, BLOCK_C=128)] == [1]
 
 
 def test_bad_blocks_and_scales_are_value_errors():

@@ -125,6 +125,22 @@ _QUANTIZE_CONFIGS = autotune_configs(
     [triton.Config({"ROW_GROUPS": g}, num_warps=w) for g in (1, 4, 16, 32) for w in (4, 8)],
     interpreted=triton.Config({"ROW_GROUPS": 4}),
 )
+# A program's tile stays within this many values (64 KiB of float32 across its warps), so 1x128
+# activation tiles stack up to 32 to a program and 128x128 weight blocks go one to a program.
+MAX_TILE_VALUES = 16384
+
+
+def _tiles_that_fit(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
+    block_values = kwargs["BLOCK_R"] * kwargs["BLOCK_C"]
+    fitting = [c for c in configs if c.kwargs["ROW_GROUPS"] * block_values <= MAX_TILE_VALUES]
+    return fitting or [min(configs, key=lambda c: c.kwargs["ROW_GROUPS"])]
+
+
+_autotune = triton.autotune(
+    configs=_QUANTIZE_CONFIGS,
+    key=["C", "BLOCK_R", "BLOCK_C"],
+    prune_configs_by={"early_config_prune": _tiles_that_fit},
+)
 
 
 @triton.jit
@@ -142,7 +158,7 @@ def _program_tile(R, C, Rb, Cb, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, RO
     return at, (rows[:, None] < R) & (cols[None, :] < C), scale_at, row_blocks < Rb
 
 
-@triton.autotune(configs=_QUANTIZE_CONFIGS, key=["C", "BLOCK_R", "BLOCK_C"])
+@_autotune
 @triton.jit
 def _quantize_kernel(
     x_ptr, q_ptr, scale_ptr, R, C, Rb, Cb,
@@ -158,7 +174,7 @@ def _quantize_kernel(
     tl.store(scale_ptr + scale_at, scale_G, mask=scale_inside)
 
 
-@triton.autotune(configs=_QUANTIZE_CONFIGS, key=["C", "BLOCK_R", "BLOCK_C"])
+@_autotune
 @triton.jit
 def _dequantize_kernel(
     q_ptr, scale_ptr, x_ptr, R, C, Rb, Cb,
