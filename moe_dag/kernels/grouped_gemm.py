@@ -117,6 +117,8 @@ def _grouped_mm_kernel(
     tile = tl.program_id(0)
     tiles_before = 0
     start = 0
+    # Expert e's weights and scales, advanced by pointer so the offset never overflows 32 bits.
+    w_e_ptr, w_scale_e_ptr = w_ptr, w_scale_ptr
     for e in range(E):
         end = tl.load(offsets_ptr + e)
         expert_tiles = tl.cdiv(end - start, BLOCK_M) * f_tiles
@@ -136,7 +138,7 @@ def _grouped_mm_kernel(
                     other=0.0,
                 )
                 w = tl.load(
-                    w_ptr + e * stride_we + ds[:, None] * stride_wd + cols[None, :] * stride_wf,
+                    w_e_ptr + ds[:, None] * stride_wd + cols[None, :] * stride_wf,
                     mask=in_ds[:, None] & in_cols[None, :],
                     other=0.0,
                 )
@@ -148,7 +150,7 @@ def _grouped_mm_kernel(
                         other=0.0,
                     )
                     w_scale = tl.load(
-                        w_scale_ptr + e * stride_wse + (d0 // BLOCK_D) * stride_wsd
+                        w_scale_e_ptr + (d0 // BLOCK_D) * stride_wsd
                         + (f_tile * BLOCK_F // 128) * stride_wsf
                     )  # fmt: skip
                     acc += tl.dot(x, w) * (x_scale[:, None] * w_scale)
@@ -164,6 +166,8 @@ def _grouped_mm_kernel(
             tile += programs
         tiles_before += expert_tiles
         start = end
+        w_e_ptr += stride_we
+        w_scale_e_ptr += stride_wse
 
 
 _grouped_mm_bf16_kernel = triton.autotune(
@@ -239,7 +243,7 @@ def _grouped_weight_grad_kernel(
             x_DM, dy_MF = x_DM.to(tl.float32), dy_MF.to(tl.float32)
         acc = tl.dot(x_DM, dy_MF, acc, input_precision=PRECISION)
     tl.store(
-        dw_ptr + e * stride_we + ds[:, None] * stride_wd + fs[None, :] * stride_wf,
+        dw_ptr + e.to(tl.int64) * stride_we + ds[:, None] * stride_wd + fs[None, :] * stride_wf,
         acc.to(dw_ptr.dtype.element_ty),
         mask=in_ds[:, None] & in_fs[None, :],
     )
