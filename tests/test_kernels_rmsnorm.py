@@ -1,20 +1,17 @@
 """RMSNorm: the Triton kernels, run by Triton's interpreter on CPU, against a float64 reference.
 
-Triton picks compiled or interpreted when a kernel is decorated, that is when moe_dag.kernels.rmsnorm is
-first imported, and the choice holds for the whole process. So the kernels run in a child Python started
-with TRITON_INTERPRET=1 (this file run as a script), which saves inputs and results; the assertions run
-here. Setting the variable in this process instead would leak into every test that runs after this one.
+The kernels run in a child Python under TRITON_INTERPRET=1 (this file run as a script, see
+`interpreted_kernels`); the assertions run here.
 """
 
-import os
-import subprocess
 import sys
 
 import pytest
 import torch
+from interpreted_kernels import run_interpreted
 from torch import nn
 
-from moe_dag.kernels import rmsnorm
+from moe_dag.kernels import backend, rmsnorm
 from moe_dag.kernels.rmsnorm import TritonRMSNorm, rms_norm, rms_norm_reference, use_triton_rms_norm
 
 EPS = 1e-6
@@ -35,9 +32,9 @@ TOLERANCES = {
 }
 
 
-def run_kernels(out_path: str) -> None:
+def run_kernels() -> dict[str, dict[str, torch.Tensor]]:
     """In the child: run every case forward and backward through the Triton op, then check the op."""
-    assert rmsnorm.INTERPRETED, "the child must start with TRITON_INTERPRET=1"
+    assert backend.INTERPRETED, "the child must start with TRITON_INTERPRET=1"
     torch.manual_seed(0)
     cases = {}
     for name, (shape, x_dtype, weight_dtype) in CASES.items():
@@ -55,21 +52,12 @@ def run_kernels(out_path: str) -> None:
     dy, rstd = torch.randn(4, 24), torch.rand(4) + 0.5
     backward_args = (dy, x.detach(), weight.detach(), rstd)
     torch.library.opcheck(torch.ops.moe_dag.rms_norm_backward.default, backward_args)
-    torch.save(cases, out_path)
+    return cases
 
 
 @pytest.fixture(scope="module")
 def interpreted(tmp_path_factory) -> dict[str, dict[str, torch.Tensor]]:
-    out_path = tmp_path_factory.mktemp("rmsnorm") / "cases.pt"
-    child = subprocess.run(
-        [sys.executable, __file__, str(out_path)],
-        env={**os.environ, "TRITON_INTERPRET": "1"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert child.returncode == 0, child.stderr[-4000:]
-    return torch.load(out_path)
+    return run_interpreted(__file__, tmp_path_factory.mktemp("rmsnorm"))
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -93,7 +81,7 @@ def test_reference_matches_torch_rms_norm():
     torch.testing.assert_close(rms_norm_reference(x, weight, EPS), expected, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.skipif(rmsnorm.INTERPRETED, reason="TRITON_INTERPRET=1 routes CPU tensors to Triton")
+@pytest.mark.skipif(backend.INTERPRETED, reason="TRITON_INTERPRET=1 routes CPU tensors to Triton")
 def test_cpu_tensors_use_the_reference_when_not_interpreted():
     x, weight = torch.randn(3, 40), torch.randn(40)
     assert torch.equal(rms_norm(x, weight, EPS), rms_norm_reference(x, weight, EPS))
@@ -125,4 +113,4 @@ def test_weight_of_the_wrong_shape_is_a_value_error():
 
 
 if __name__ == "__main__":
-    run_kernels(sys.argv[1])
+    torch.save(run_kernels(), sys.argv[1])

@@ -28,14 +28,14 @@ import triton
 import triton.language as tl
 from torch import nn
 
+from moe_dag.kernels.backend import multiprocessor_count, triton_runs_on
+
 # One block holds a whole row in registers. Compiled for sm_90 with the warps below, ptxas reports no
 # spills up to D = 8192 and ~130 bytes of stack in backward at 16384; at 32768 backward spills kilobytes,
 # so wider rows go to the reference.
 MAX_HIDDEN_SIZE = 16384
 # The kernels compute in float32, so float64 input goes to the reference rather than losing precision.
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-# Triton decides at decoration time whether a kernel is compiled or interpreted, so this module does too.
-INTERPRETED = bool(triton.knobs.runtime.interpret)
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -90,13 +90,6 @@ def _launch_config(D: int) -> tuple[int, int]:
     return block_d, num_warps
 
 
-def _backward_programs(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    # The interpreter runs programs one after another; the count only sizes the partial-sum buffer.
-    return 4
-
-
 def _check_inputs(x: torch.Tensor, weight: torch.Tensor) -> None:
     if weight.dim() != 1 or x.dim() == 0 or x.shape[-1] != weight.shape[0]:
         raise ValueError(
@@ -136,7 +129,7 @@ def rms_norm_backward(
     dy_ND = dy.reshape(-1, D).contiguous()
     N = x_ND.shape[0]
     dx_ND = torch.empty_like(x_ND)
-    programs = max(1, min(N, _backward_programs(x.device)))
+    programs = max(1, min(N, multiprocessor_count(x.device)))
     rows_per_program = triton.cdiv(N, programs)
     dweight_partial_PD = torch.empty(programs, D, dtype=torch.float32, device=x.device)
     block_d, num_warps = _launch_config(D)
@@ -173,7 +166,7 @@ rms_norm_forward.register_autograd(_backward, setup_context=_setup_context)
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over x's last dimension: the Triton op where it can run, else `rms_norm_reference`."""
     _check_inputs(x, weight)
-    if (x.is_cuda or INTERPRETED) and x.dtype in KERNEL_DTYPES and x.shape[-1] <= MAX_HIDDEN_SIZE:
+    if triton_runs_on(x) and x.dtype in KERNEL_DTYPES and x.shape[-1] <= MAX_HIDDEN_SIZE:
         return rms_norm_forward(x, weight, eps)[0]
     return rms_norm_reference(x, weight, eps)
 
