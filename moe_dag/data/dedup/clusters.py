@@ -10,10 +10,10 @@ does the heavy lifting, so it can spill to disk when the signatures outgrow memo
    fixed order, so the same signatures always give the same clusters, whatever order they come in.
 2. Exact: documents with the same content hash (of the normalised words) form a group; only the first
    of each group, its representative, goes on, since equal texts have equal signatures.
-3. Bands: `band_pairs` hashes one band (r signature rows) of every representative and joins on equal
-   buckets, yielding each pair of rows that share the bucket. Bands are independent: one band is one
-   unit of work, and `workers` threads share them out (at scale, Ray tasks or machines, each a list of
-   bands; only their pairs travel).
+3. Bands: `band_pairs` hashes each band (r signature rows) of every representative and joins on equal
+   (band, bucket), yielding each pair of rows that share a bucket. Bands are independent: `workers`
+   threads share them out, each with its own DuckDB cursor (at scale, Ray tasks or machines, each a
+   list of bands; only their pairs travel).
 4. Verify: each distinct candidate pair joins a cluster only if its Jaccard similarity reaches the
    threshold: estimated from the full signatures (equal rows / K) by default, or exact on the stored
    shingle sets with `verification: exact`. Signatures stream through in record batches.
@@ -64,26 +64,32 @@ def find_duplicate_clusters(
         raise ValueError(f"find_duplicate_clusters: workers must be >= 1, got {workers}")
     with _ranked_documents(signatures, config, source_priority) as con:
         exact_root = con.execute("SELECT exact_root FROM docs ORDER BY row").fetchnumpy()["exact_root"]
-        bands = [list(range(config.num_bands))[i::workers] for i in range(workers)]
+        shares = [range(config.num_bands)[i::workers] for i in range(workers)]
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            found = list(pool.map(lambda mine: _pairs_of_bands(con.cursor(), mine, config), bands))
+            found = list(pool.map(lambda bands: _pairs_of_bands(con, bands, config), shares))
         pairs = np.unique(np.concatenate(found), axis=0)
         verified = pairs[_jaccard(con, pairs, config) >= config.jaccard_threshold]
         root = _components(exact_root.astype(np.int64), verified)
         return _cluster_table(con, root, config)
 
 
-def band_pairs(con: duckdb.DuckDBPyConnection, band: int, config: MinHashConfig) -> np.ndarray:
-    """(a, b) row pairs, a < b, of representatives whose signatures agree on all rows of `band`."""
+def band_pairs(con: duckdb.DuckDBPyConnection, bands: Sequence[int], config: MinHashConfig) -> np.ndarray:
+    """Distinct (a, b) row pairs, a < b, of representatives whose signatures agree on a whole band.
+
+    One worker's share of the bands: each band is grouped on its own (the join matches band and
+    bucket), so any split of the bands across workers finds the same pairs.
+    """
     pairs = con.execute(
         """
         WITH buckets AS MATERIALIZED (
-            SELECT row, hash(signature[$first : $last]) AS bucket FROM docs WHERE row = exact_root
+            SELECT band, row, hash(signature[band * $rows + 1 : (band + 1) * $rows]) AS bucket
+            FROM docs CROSS JOIN (SELECT unnest($bands::INTEGER[]) AS band)
+            WHERE row = exact_root
         )
-        SELECT x.row AS a, y.row AS b
-        FROM buckets AS x JOIN buckets AS y ON x.bucket = y.bucket AND x.row < y.row
+        SELECT DISTINCT x.row AS a, y.row AS b
+        FROM buckets AS x JOIN buckets AS y ON x.band = y.band AND x.bucket = y.bucket AND x.row < y.row
         """,
-        {"first": band * config.rows_per_band + 1, "last": (band + 1) * config.rows_per_band},
+        {"rows": config.rows_per_band, "bands": list(bands)},
     ).fetchnumpy()
     return np.stack([pairs["a"], pairs["b"]], axis=1).astype(np.int64).reshape(-1, 2)
 
@@ -196,10 +202,12 @@ def _check_signatures(con: duckdb.DuckDBPyConnection, config: MinHashConfig, pri
         )
 
 
-def _pairs_of_bands(con: duckdb.DuckDBPyConnection, bands: list[int], config: MinHashConfig) -> np.ndarray:
-    with con:
-        found = [band_pairs(con, band, config) for band in bands]
-    return np.concatenate(found) if found else np.empty((0, 2), dtype=np.int64)
+def _pairs_of_bands(con: duckdb.DuckDBPyConnection, bands: range, config: MinHashConfig) -> np.ndarray:
+    """One worker: its own cursor (a connection to the same database) over its share of the bands."""
+    if not bands:
+        return np.empty((0, 2), dtype=np.int64)
+    with con.cursor() as cursor:
+        return band_pairs(cursor, bands, config)
 
 
 def _jaccard(con: duckdb.DuckDBPyConnection, pairs: np.ndarray, config: MinHashConfig) -> np.ndarray:
