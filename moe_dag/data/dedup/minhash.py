@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 import rensa
 from tqdm.auto import tqdm
 
-from moe_dag.data.dedup.shingles import shingle_hashes
+from moe_dag.data.dedup.shingles import MAX_NGRAM_SIZE, shingle_hashes
 
 # Texts hashed together in one vectorised pass; keeps the pass's arrays in cache-sized pieces.
 _BYTES_PER_BATCH = 1 << 21
@@ -68,6 +68,8 @@ class MinHashConfig:
         for name in ("num_bands", "rows_per_band", "ngram_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"MinHashConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.ngram_size > MAX_NGRAM_SIZE:
+            raise ValueError(f"MinHashConfig.ngram_size must be <= {MAX_NGRAM_SIZE}, got {self.ngram_size}")
         if not 0.0 < self.jaccard_threshold <= 1.0:
             raise ValueError(
                 f"MinHashConfig.jaccard_threshold must lie in (0, 1], got {self.jaccard_threshold}"

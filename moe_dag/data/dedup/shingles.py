@@ -38,9 +38,11 @@ _WORD_BYTE = np.zeros(256, dtype=bool)
 _WORD_BYTE[ord("a") : ord("z") + 1] = True
 _WORD_BYTE[ord("0") : ord("9") + 1] = True
 _WORD_BYTE[0x80:] = True
-# Odd 64-bit multipliers, one per position in the window (enough for n <= 16).
+MAX_NGRAM_SIZE = 16
+# Odd 64-bit multipliers, one per position in the window.
 _POSITION_MULTIPLIERS = np.array(
-    [(0x9E3779B97F4A7C15 * (2 * i + 1)) & 0xFFFF_FFFF_FFFF_FFFF for i in range(16)], dtype=np.uint64
+    [(0x9E3779B97F4A7C15 * (2 * i + 1)) & 0xFFFF_FFFF_FFFF_FFFF for i in range(MAX_NGRAM_SIZE)],
+    dtype=np.uint64,
 )
 _EMPTY_WINDOW = np.uint64(0x2545F4914F6CDD1D)  # what an absent word contributes (short documents)
 
@@ -63,8 +65,8 @@ def normalize_text(text: str) -> str:
 
 def shingle_hashes(texts: pa.Array | pa.ChunkedArray, ngram_size: int) -> Shingles:
     """Shingle hashes and content hashes of every text in the batch."""
-    if not 1 <= ngram_size <= len(_POSITION_MULTIPLIERS):
-        raise ValueError(f"ngram_size must lie in [1, {len(_POSITION_MULTIPLIERS)}], got {ngram_size}")
+    if not 1 <= ngram_size <= MAX_NGRAM_SIZE:
+        raise ValueError(f"ngram_size must lie in [1, {MAX_NGRAM_SIZE}], got {ngram_size}")
     words, words_per_doc = _words(texts)
     word_hashes = _distinct_hashed(words)
     doc_word_offsets = np.concatenate([[0], np.cumsum(words_per_doc)])
