@@ -25,10 +25,12 @@ it was built from, and a partition whose version differs from the current one is
 
 from __future__ import annotations
 
+import tempfile
 import uuid
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from pathlib import Path
 
 import duckdb
 import numpy as np
@@ -55,14 +57,22 @@ Signatures = pa.Table | str | Sequence[str]  # a table, or parquet paths / globs
 
 
 def find_duplicate_clusters(
-    signatures: Signatures, config: MinHashConfig, source_priority: Sequence[str], workers: int = 1
+    signatures: Signatures,
+    config: MinHashConfig,
+    source_priority: Sequence[str],
+    workers: int = 1,
+    work_dir: str | Path | None = None,
 ) -> pa.Table:
-    """One `CLUSTER_SCHEMA` row per signature row, in survivor-preference order."""
+    """One `CLUSTER_SCHEMA` row per signature row, in survivor-preference order.
+
+    DuckDB keeps its working tables in a database file under `work_dir` (default: the system's
+    temporary folder), so they can outgrow memory; the file is deleted at the end.
+    """
     if len(set(source_priority)) != len(source_priority):
         raise ValueError(f"find_duplicate_clusters: source_priority {list(source_priority)} repeats a source")
     if workers < 1:
         raise ValueError(f"find_duplicate_clusters: workers must be >= 1, got {workers}")
-    with _ranked_documents(signatures, config, source_priority) as con:
+    with _ranked_documents(signatures, config, source_priority, work_dir) as con:
         exact_root = con.execute("SELECT exact_root FROM docs ORDER BY row").fetchnumpy()["exact_root"]
         shares = [range(config.num_bands)[i::workers] for i in range(workers)]
         with ThreadPoolExecutor(max_workers=workers) as pool:
@@ -143,10 +153,10 @@ def built_from_version(table: pa.Table) -> str:
 
 @contextmanager
 def _ranked_documents(
-    signatures: Signatures, config: MinHashConfig, source_priority: Sequence[str]
+    signatures: Signatures, config: MinHashConfig, source_priority: Sequence[str], work_dir: str | Path | None
 ) -> Iterator[duckdb.DuckDBPyConnection]:
     """A DuckDB database holding `docs`: the signatures with their row number and exact group root."""
-    with duckdb.connect() as con:
+    with tempfile.TemporaryDirectory(dir=work_dir) as folder, duckdb.connect(f"{folder}/dedup.duckdb") as con:
         if isinstance(signatures, pa.Table):
             con.register("signatures", signatures)
         else:
