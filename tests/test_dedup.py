@@ -22,6 +22,7 @@ from moe_dag.data.dedup import (
     find_duplicate_clusters,
     normalize_text,
     shingle_hashes,
+    signature_rows,
 )
 from moe_dag.data.dedup.report import duplicate_report
 
@@ -318,8 +319,11 @@ def test_clusters_read_from_signature_files(tmp_path):
             signatures.filter(pc.equal(signatures["source"], source)),
             tmp_path / f"source={source}" / "part-0.parquet",
         )
-    from_files = find_duplicate_clusters([str(tmp_path / "source=*" / "*.parquet")], CONFIG, PRIORITY)
-    assert from_files.equals(find_duplicate_clusters(signatures, CONFIG, PRIORITY))
+    files = [str(tmp_path / "source=*" / "*.parquet")]
+    assert signature_rows(files) == 3
+    assert find_duplicate_clusters(files, CONFIG, PRIORITY).equals(
+        find_duplicate_clusters(signatures, CONFIG, PRIORITY)
+    )
 
 
 def test_cluster_versions_change_only_with_decisions():

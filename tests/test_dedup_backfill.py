@@ -1,9 +1,10 @@
 """Backfilling one source alone keeps dedup right across sources (the reproduction of issue 11).
 
 Two sources, `a` before `b` in priority. A new shard of `a` holds a near-copy of a document that `b`
-kept. After the documented backfill (`curate_source[a]`, `dedup_clusters`, `deduplicated[a]`) and
-whatever Dagster's automation then launches, exactly one copy survives and the kept set is the one a
-full recomputation gives.
+kept. After the documented backfill (`curate_source[a]`, `dedup_clusters`, `deduplicated[a]`) the stale
+`deduplicated[b]` is blocked by its check; after what Dagster's automation then launches, exactly one
+copy survives. A second backfill, of `b`, stops after its signatures: automation does the rest. The kept
+set is then the one a full recomputation gives.
 """
 
 from __future__ import annotations
@@ -149,6 +150,13 @@ def test_backfilling_one_source_keeps_one_copy_and_equals_a_full_recomputation(t
     kept = kept_ids(config_path)
     assert "a9" in kept and "b1" not in kept  # `a` comes first in priority: its copy survives
     assert launched == [("rededuplicate_source", "b")]  # `a` was rebuilt by hand, and nothing else changed
+
+    # A backfill of `b` that stops after its signatures: automation re-clusters, then rebuilds `b` only.
+    write_shard(corpus / "b", "shard-1", {"b9": sentence_text(0).upper()})  # an exact copy of a0
+    materialize(defs, instance, CURATE, "b")
+    assert run_automation(defs, instance) == [("recluster", None), ("rededuplicate_source", "b")]
+    kept = kept_ids(config_path)
+    assert "a0" in kept and "b9" not in kept
 
     full_path = pipeline_config(tmp_path, corpus, "full")
     full_run(build_definitions(full_path), dg.DagsterInstance.ephemeral())

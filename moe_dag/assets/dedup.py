@@ -28,6 +28,7 @@ from moe_dag.data.dedup import (
     cluster_versions,
     compute_signatures,
     find_duplicate_clusters,
+    signature_rows,
 )
 from moe_dag.data.dedup.clusters import EMPTY_VERSION
 from moe_dag.data.dedup.report import DuplicateReport, duplicate_report
@@ -80,7 +81,7 @@ def dedup_clusters(context: dg.AssetExecutionContext, pipeline: PipelineResource
     context.log.info(
         f"{report.duplicates} duplicates among {clusters.num_rows}; decisions changed in {changed}"
     )
-    documents = sum(row["documents"] for row in report.by_source.values())
+    signatures = signature_rows(files)
     return dg.MaterializeResult(
         metadata={
             "documents": clusters.num_rows,
@@ -96,8 +97,8 @@ def dedup_clusters(context: dg.AssetExecutionContext, pipeline: PipelineResource
         check_results=[
             dg.AssetCheckResult(
                 check_name="one_row_per_document",
-                passed=pc.count_distinct(clusters["id"]).as_py() == documents == clusters.num_rows,
-                metadata={"cluster_rows": clusters.num_rows},
+                passed=pc.count_distinct(clusters["id"]).as_py() == signatures == clusters.num_rows,
+                metadata={"signatures": signatures, "cluster_rows": clusters.num_rows},
             )
         ],
     )

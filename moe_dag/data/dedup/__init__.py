@@ -8,6 +8,7 @@ from moe_dag.data.dedup.clusters import (
     built_from_version,
     cluster_versions,
     find_duplicate_clusters,
+    signature_rows,
 )
 from moe_dag.data.dedup.minhash import (
     SIGNATURE_SCHEMA,
@@ -31,4 +32,5 @@ __all__ = [
     "find_duplicate_clusters",
     "normalize_text",
     "shingle_hashes",
+    "signature_rows",
 ]

@@ -83,6 +83,15 @@ def find_duplicate_clusters(
         return _cluster_table(con, root, config)
 
 
+def signature_rows(signatures: Signatures) -> int:
+    """How many signature rows the files (or table) hold, from the parquet footers."""
+    if isinstance(signatures, pa.Table):
+        return signatures.num_rows
+    files = [signatures] if isinstance(signatures, str) else list(signatures)
+    with duckdb.connect() as con:
+        return con.read_parquet(files).count("*").fetchall()[0][0]
+
+
 def band_pairs(con: duckdb.DuckDBPyConnection, bands: Sequence[int], config: MinHashConfig) -> np.ndarray:
     """Distinct (a, b) row pairs, a < b, of representatives whose signatures agree on a whole band.
 
