@@ -39,7 +39,12 @@ test-fast: setup
 ui: setup
 	$(BIN)/dagster dev -h 127.0.0.1 -p 3000
 
-bench: setup
+# Benchmark baselines (datatrove, datasketch) live in the `bench` extra.
+$(BIN)/.bench-installed: $(BIN)/.installed
+	$(BIN)/pip install --quiet -e '.[$(EXTRAS),bench]'
+	touch $@
+
+bench: setup $(BIN)/.bench-installed
 	@for script in benchmarks/*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
 
 lint: setup

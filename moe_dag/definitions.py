@@ -73,7 +73,7 @@ def build_definitions(config_path: str | Path | None = None) -> dg.Definitions:
         asset_checks=dg.load_asset_checks_from_modules(ASSET_MODULES),
         jobs=[curate_source, rescore_sources],
         schedules=[weekly_rescoring_schedule(partitions)],
-        sensors=[stuck_run_reaper],
+        sensors=[stuck_run_reaper, dedup.dedup_consistency],
         resources={"pipeline": PipelineResource(config_path=str(path))},
     )
 

@@ -34,7 +34,7 @@ def materialize_all(
     """Run every asset for every source; raises on the first failed run. Returns wall seconds."""
     definitions = build_definitions(config_path)
     sources = definitions.resources["pipeline"].config.source_names
-    assets = list(definitions.assets)
+    assets = list(definitions.assets) + list(definitions.asset_checks or [])  # runs include their checks
     graph = definitions.resolve_asset_graph()
     started = time.perf_counter()
     for keys, per_source in STAGES:

@@ -75,3 +75,21 @@ def test_partitions_are_the_configured_sources():
     graph = build_definitions("configs/demo.yaml").resolve_asset_graph()
     partitions = graph.get(dg.AssetKey("prefiltered")).partitions_def
     assert partitions.get_partition_keys() == ["code", "prose", "intl"]
+
+
+def test_dedup_consistency_is_automated_and_checked():
+    """Issue 11: a backfill's stale deduplicated partitions are rebuilt by a sensor and blocked by a check."""
+    defs = build_definitions()
+    graph = defs.resolve_asset_graph()
+    check = dg.AssetCheckKey(dg.AssetKey("deduplicated"), "built_from_current_clusters")
+    assert check in graph.asset_check_keys and graph.get(check).blocking
+    [sensor] = [s for s in defs.sensors if s.name == "dedup_consistency"]
+    assert sensor.default_status == dg.DefaultSensorStatus.RUNNING
+    jobs = {target.job_name: defs.resolve_job_def(target.job_name) for target in sensor.targets}
+    assert {name: job.asset_layer.executable_asset_keys for name, job in jobs.items()} == {
+        "recluster": {dg.AssetKey("dedup_clusters")},
+        "rededuplicate_source": {dg.AssetKey("deduplicated")},
+    }
+    assert (
+        jobs["rededuplicate_source"].partitions_def == graph.get(dg.AssetKey("deduplicated")).partitions_def
+    )

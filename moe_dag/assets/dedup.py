@@ -1,23 +1,52 @@
-"""Near-duplicate removal: MinHash signatures per source, clusters across all sources, then the cut."""
+"""Near-duplicate removal: MinHash signatures per source, clusters across all sources, then the cut.
+
+Staying right under partial runs. `dedup_clusters` records a version per source (a fingerprint of that
+source's decisions); each `deduplicated` partition stores the version it was built from. Backfilling one
+source recomputes its signatures only and re-clusters from the stored signatures of every source; the
+`dedup_consistency` sensor then rebuilds exactly the `deduplicated` partitions whose version changed,
+and re-clusters first if signatures changed after the last clustering. The blocking
+`built_from_current_clusters` check fails on a partition built from other clusters than the current
+ones, so its rows do not flow on. After any sequence of per-source backfills the kept set is that of a
+full recomputation (tests/test_dedup_backfill.py).
+
+The lake is touched in `_signature_files` (what the global step reads) and in the `read_table` and
+`write_table` calls of each asset.
+"""
 
 import time
 
 import dagster as dg
-import pyarrow as pa
 import pyarrow.compute as pc
 
 from moe_dag.assets.partitions import PER_SOURCE
+from moe_dag.assets.plots import bars_png, png_markdown
 from moe_dag.assets.reporting import decision_result, reconcile_check_spec
-from moe_dag.data.dedup import apply_dedup, compute_signatures, find_duplicate_clusters
+from moe_dag.data.dedup import (
+    CLUSTER_VERSION,
+    apply_dedup,
+    built_from_version,
+    cluster_versions,
+    compute_signatures,
+    find_duplicate_clusters,
+    signature_rows,
+)
+from moe_dag.data.dedup.clusters import EMPTY_VERSION
+from moe_dag.data.dedup.report import DuplicateReport, duplicate_report
+from moe_dag.data.lake import Lake
 from moe_dag.data.schema import kept_rows
 from moe_dag.resources import PipelineResource
+
+VERSIONS = "cluster_versions"  # dedup_clusters metadata: {source: version}
+VERSION_COLUMNS = ["id", "source", "cluster_id", "match"]  # what a version is computed from
 
 
 @dg.asset(partitions_def=PER_SOURCE, group_name="curation", kinds={"parquet"}, deps=["prefiltered"])
 def minhash_signatures(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
     """Exact-content hash and MinHash signature of every document the prefilter kept."""
     source = context.partition_key
-    documents = kept_rows(pipeline.lake.read_table("prefiltered", source))
+    documents = kept_rows(
+        pipeline.lake.read_table("prefiltered", source, columns=["id", "source", "text", "keep"])
+    )
     started = time.perf_counter()
     signatures = compute_signatures(documents, pipeline.config.dedup)
     pipeline.lake.write_table(signatures, "minhash_signatures", source)
@@ -39,39 +68,37 @@ def minhash_signatures(context: dg.AssetExecutionContext, pipeline: PipelineReso
     check_specs=[dg.AssetCheckSpec("one_row_per_document", asset="dedup_clusters", blocking=True)],
 )
 def dedup_clusters(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
-    """Duplicate clusters across every source, one deterministic survivor each."""
+    """Duplicate clusters across every source, one deterministic survivor each, from signatures only."""
     config = pipeline.config
-    signatures = pa.concat_tables(
-        [pipeline.lake.read_table("minhash_signatures", name) for name in config.source_names]
-    )
     started = time.perf_counter()
-    clusters = find_duplicate_clusters(signatures, config.dedup, source_priority=config.source_names)
+    files = _signature_files(pipeline.lake, config.source_names)
+    clusters = find_duplicate_clusters(files, config.dedup, source_priority=config.source_names)
     pipeline.lake.write_table(clusters, "dedup_clusters")
-    duplicates = clusters.filter(pc.invert(clusters["is_survivor"]))
-    survivor_source = dict(zip(clusters["id"].to_pylist(), clusters["source"].to_pylist(), strict=True))
-    cross_source = sum(
-        survivor_source[row["cluster_id"]] != row["source"]
-        for row in duplicates.select(["source", "cluster_id"]).to_pylist()
+    report = duplicate_report(clusters)
+    versions = cluster_versions(clusters)
+    previous = _latest_metadata(context.instance, "dedup_clusters").get(VERSIONS)
+    changed = sorted(s for s in versions if previous is None or previous.value.get(s) != versions[s])
+    context.log.info(
+        f"{report.duplicates} duplicates among {clusters.num_rows}; decisions changed in {changed}"
     )
-    by_match = {m["values"]: m["counts"] for m in pc.value_counts(duplicates["match"]).to_pylist()}
-    context.log.info(f"{duplicates.num_rows} duplicates among {clusters.num_rows} documents")
-    unique_ids = pc.count_distinct(clusters["id"]).as_py()
+    signatures = signature_rows(files)
     return dg.MaterializeResult(
         metadata={
             "documents": clusters.num_rows,
-            "duplicates": duplicates.num_rows,
-            "exact_duplicates": by_match.get("exact", 0),
-            "near_duplicates": by_match.get("near", 0),
-            "cross_source_duplicates": cross_source,
-            "clusters_with_duplicates": pc.count_distinct(duplicates["cluster_id"]).as_py(),
+            "duplicates": report.duplicates,
+            "cross_source_duplicates": sum(report.across.values()),
+            "clusters_with_duplicates": sum(report.cluster_sizes.values()),
+            VERSIONS: dg.MetadataValue.json(versions),
+            "sources_with_changed_decisions": dg.MetadataValue.json(changed),
+            **_report_metadata(report),
             "seconds": round(time.perf_counter() - started, 2),
             "dagster/row_count": clusters.num_rows,
         },
         check_results=[
             dg.AssetCheckResult(
                 check_name="one_row_per_document",
-                passed=unique_ids == signatures.num_rows == clusters.num_rows,
-                metadata={"signatures": signatures.num_rows, "cluster_rows": clusters.num_rows},
+                passed=pc.count_distinct(clusters["id"]).as_py() == signatures == clusters.num_rows,
+                metadata={"signatures": signatures, "cluster_rows": clusters.num_rows},
             )
         ],
     )
@@ -92,4 +119,138 @@ def deduplicated(context: dg.AssetExecutionContext, pipeline: PipelineResource) 
     clusters = pipeline.lake.read_table("dedup_clusters")
     table = apply_dedup(documents, clusters.filter(pc.equal(clusters["source"], source)))
     pipeline.lake.write_table(table, "deduplicated", source)
-    return decision_result(table, documents.num_rows, time.perf_counter() - started)
+    version = built_from_version(table)
+    context.log.info(f"deduplicated[{source}] built from cluster version {version}")
+    return decision_result(
+        table, documents.num_rows, time.perf_counter() - started, {CLUSTER_VERSION: version}
+    )
+
+
+@dg.asset_check(asset="deduplicated", blocking=True)
+def built_from_current_clusters(
+    context: dg.AssetCheckExecutionContext, pipeline: PipelineResource
+) -> dg.AssetCheckResult:
+    """The partition (every source, in a run without one) was built from the current clusters' version."""
+    sources = [context.partition_key] if context.has_partition_key else pipeline.config.source_names
+    current = cluster_versions(pipeline.lake.read_table("dedup_clusters", columns=VERSION_COLUMNS))
+    built = {
+        source: built_from_version(
+            pipeline.lake.read_table("deduplicated", source, columns=[CLUSTER_VERSION])
+        )
+        for source in sources
+        if pipeline.lake.has_table("deduplicated", source)
+    }
+    stale = sorted(s for s, version in built.items() if version != current.get(s, EMPTY_VERSION))
+    return dg.AssetCheckResult(
+        passed=not stale,
+        metadata={
+            "stale_partitions": dg.MetadataValue.json(stale),
+            "built_from": dg.MetadataValue.json(built),
+            "current": dg.MetadataValue.json({s: current.get(s, EMPTY_VERSION) for s in sources}),
+        },
+    )
+
+
+recluster = dg.define_asset_job("recluster", selection=["dedup_clusters"])
+rededuplicate_source = dg.define_asset_job("rededuplicate_source", selection=["deduplicated"])
+
+
+@dg.sensor(
+    jobs=[recluster, rededuplicate_source],
+    minimum_interval_seconds=60,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+)
+def dedup_consistency(context: dg.SensorEvaluationContext) -> dg.SensorResult | dg.SkipReason:
+    """Re-cluster after signatures change; then rebuild each deduplicated partition whose version changed."""
+    clusters = _latest(context.instance, "dedup_clusters")
+    if clusters is None:
+        return dg.SkipReason("dedup_clusters has not been materialised yet")
+    signatures = _latest(context.instance, "minhash_signatures")
+    if signatures is not None and signatures.storage_id > clusters.storage_id:
+        return dg.SensorResult(
+            run_requests=[
+                dg.RunRequest(run_key=f"recluster-after-{signatures.storage_id}", job_name=recluster.name)
+            ]
+        )
+    requests = []
+    for source, version in sorted(clusters.asset_materialization.metadata[VERSIONS].value.items()):
+        built = _latest(context.instance, "deduplicated", source)
+        built_from = built and built.asset_materialization.metadata.get(CLUSTER_VERSION)
+        if built is not None and getattr(built_from, "value", None) != version:
+            requests.append(
+                dg.RunRequest(
+                    run_key=f"deduplicated-{source}-{version}",
+                    job_name=rededuplicate_source.name,
+                    partition_key=source,
+                )
+            )
+    return dg.SensorResult(run_requests=requests)
+
+
+def _signature_files(lake: Lake, sources: list[str]) -> list[str]:
+    """Globs over the signature files of each configured source: all the global step reads."""
+    missing = [s for s in sources if not lake.has_table("minhash_signatures", s)]
+    if missing:
+        raise FileNotFoundError(f"dedup_clusters needs minhash_signatures for sources {missing} first")
+    every_source = lake.glob_pattern("minhash_signatures", partitioned=True)  # <stage>/*/part-*.parquet
+    return [every_source.replace("/*/", f"/source={source}/") for source in sources]
+
+
+def _latest(
+    instance: dg.DagsterInstance, asset: str, partition: str | None = None
+) -> dg.EventLogRecord | None:
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(
+            asset_key=dg.AssetKey(asset), asset_partitions=[partition] if partition else None
+        ),
+        limit=1,
+    ).records
+    return records[0] if records else None
+
+
+def _latest_metadata(instance: dg.DagsterInstance, asset: str) -> dict:
+    record = _latest(instance, asset)
+    return dict(record.asset_materialization.metadata) if record is not None else {}
+
+
+def _report_metadata(report: DuplicateReport) -> dict:
+    sizes = report.cluster_sizes
+    by_source = report.by_source
+    sources = list(by_source)
+    columns = ["documents", "exact", "near", "within_source", "across_sources"]
+    rows = "\n".join(
+        f"| {s} | " + " | ".join(str(r[c]) for c in columns) + " |" for s, r in by_source.items()
+    )
+    across = "\n".join(f"| {d} | {s} | {n} |" for (d, s), n in report.across.items())
+    return {
+        "cluster_sizes": dg.MetadataValue.json({str(k): v for k, v in sizes.items()}),
+        "cluster_size_histogram": dg.MetadataValue.md(
+            png_markdown(
+                bars_png(
+                    [str(k) for k in sizes], {"clusters": list(sizes.values())}, "clusters", "cluster sizes"
+                ),
+                "cluster sizes",
+            )
+        ),
+        "duplicates_by_source": dg.MetadataValue.md(
+            "| source | documents | exact | near | survivor in same source | survivor in another |\n"
+            "| --- | --- | --- | --- | --- | --- |\n" + rows
+        ),
+        "duplicates_by_source_plot": dg.MetadataValue.md(
+            png_markdown(
+                bars_png(
+                    sources,
+                    {
+                        "survivor in same source": [by_source[s]["within_source"] for s in sources],
+                        "survivor in another": [by_source[s]["across_sources"] for s in sources],
+                    },
+                    "duplicates",
+                    "duplicates per source",
+                ),
+                "duplicates per source",
+            )
+        ),
+        "duplicates_across_sources": dg.MetadataValue.md(
+            "| duplicate in | survivor in | documents |\n| --- | --- | --- |\n" + (across or "| - | - | 0 |")
+        ),
+    }

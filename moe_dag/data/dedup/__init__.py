@@ -1,19 +1,36 @@
 """Exact and MinHash near-duplicate removal: signatures -> clusters -> keep/reason per document."""
 
-from moe_dag.data.dedup.clusters import CLUSTER_SCHEMA, apply_dedup, find_duplicate_clusters
+from moe_dag.data.dedup.clusters import (
+    CLUSTER_SCHEMA,
+    CLUSTER_VERSION,
+    apply_dedup,
+    band_pairs,
+    built_from_version,
+    cluster_versions,
+    find_duplicate_clusters,
+    signature_rows,
+)
 from moe_dag.data.dedup.minhash import (
     SIGNATURE_SCHEMA,
     MinHashConfig,
     candidate_probability,
     compute_signatures,
 )
+from moe_dag.data.dedup.shingles import normalize_text, shingle_hashes
 
 __all__ = [
     "CLUSTER_SCHEMA",
+    "CLUSTER_VERSION",
     "SIGNATURE_SCHEMA",
     "MinHashConfig",
     "apply_dedup",
+    "band_pairs",
+    "built_from_version",
     "candidate_probability",
+    "cluster_versions",
     "compute_signatures",
     "find_duplicate_clusters",
+    "normalize_text",
+    "shingle_hashes",
+    "signature_rows",
 ]

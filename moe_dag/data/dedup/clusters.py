@@ -1,24 +1,36 @@
-"""Duplicate clusters from MinHash signatures, and the keep/reason decision they imply.
+"""Duplicate clusters from the signatures of every source, and the keep/reason decision they imply.
 
-`find_duplicate_clusters` works in three steps:
-1. Exact: documents with the same content hash (of the normalised text) join one group; only its
-   best-ranked member, the representative, goes on, since equal texts have equal signatures.
-2. Near: each representative's signature is cut into bands; DuckDB groups (band, hash of the band's
-   rows) into buckets and emits every pair sharing a bucket. The grouping is a plain SQL aggregation so
-   DuckDB can spill it to disk when the signatures outgrow memory. A bucket of k documents yields
-   k (k - 1) / 2 pairs, which stays small once exact copies are collapsed in step 1.
-3. Candidate pairs whose estimated Jaccard (the fraction of equal signature rows) reaches the threshold
-   are merged by union-find together with the exact groups.
+The global step reads signatures only, never texts: parquet files (a list of paths or globs, as the
+per-source stage writes them, one or more per shard) or, in tests and notebooks, an Arrow table. DuckDB
+does the heavy lifting, so it can spill to disk when the signatures outgrow memory.
 
-The survivor of a cluster is its best document by (position of its source in `source_priority`, id): a
-fixed order, so the same input always gives the same clusters. Documents are numbered in that order
-before union-find and each union keeps the smaller root, so a cluster's root is its survivor.
+`find_duplicate_clusters`:
+1. Rank: every document gets a row number in survivor-preference order, (position of its source in
+   `source_priority`, id). Each union keeps the smaller root, so a cluster's root is its survivor: a
+   fixed order, so the same signatures always give the same clusters, whatever order they come in.
+2. Exact: documents with the same content hash (of the normalised words) form a group; only the first
+   of each group, its representative, goes on, since equal texts have equal signatures.
+3. Bands: `band_pairs` hashes each band (r signature rows) of every representative and joins on equal
+   (band, bucket), yielding each pair of rows that share a bucket. Bands are independent: `workers`
+   threads share them out, each with its own DuckDB cursor (at scale, Ray tasks or machines, each a
+   list of bands; only their pairs travel).
+4. Verify: each distinct candidate pair joins a cluster only if its Jaccard similarity reaches the
+   threshold: estimated from the full signatures (equal rows / K) by default, or exact on the stored
+   shingle sets with `verification: exact`. Signatures stream through in record batches.
+5. Union-find over the verified pairs, started from the exact groups (numpy; see `_components`).
+
+`cluster_versions` fingerprints each source's decisions: a `deduplicated` partition records the version
+it was built from, and a partition whose version differs from the current one is stale.
 """
 
 from __future__ import annotations
 
+import tempfile
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
 
 import duckdb
 import numpy as np
@@ -36,167 +48,262 @@ CLUSTER_SCHEMA = pa.schema(
         pa.field("is_survivor", pa.bool_(), nullable=False),
         pa.field("duplicate_of", pa.string()),
         pa.field("match", pa.string()),  # "exact" or "near" for duplicates, null for survivors
-        pa.field("est_jaccard", pa.float32()),  # with the survivor's signature, null for survivors
+        pa.field("jaccard", pa.float32()),  # with the survivor (estimated or exact), null for survivors
     ]
 )
-# Candidate pairs are verified this many at a time, to bound the two gathered signature matrices.
-_PAIRS_PER_CHUNK = 65_536
+CLUSTER_VERSION = "cluster_version"  # the column `apply_dedup` adds: the version the rows were built from
+EMPTY_VERSION = "0-" + "0" * 32  # the version of a source without documents
+Signatures = pa.Table | str | Sequence[str]  # a table, or parquet paths / globs
 
 
 def find_duplicate_clusters(
-    signatures: pa.Table,
+    signatures: Signatures,
     config: MinHashConfig,
     source_priority: Sequence[str],
-    con: duckdb.DuckDBPyConnection | None = None,
+    workers: int = 1,
+    work_dir: str | Path | None = None,
 ) -> pa.Table:
-    """One `CLUSTER_SCHEMA` row per signature row, in the same order."""
-    _check_signatures(signatures, config, source_priority)
-    rank = {source: i for i, source in enumerate(source_priority)}
-    source_rank = pa.array([rank[s] for s in signatures["source"].to_pylist()], pa.int64())
-    order = pc.sort_indices(
-        pa.table({"rank": source_rank, "id": signatures["id"]}),
-        sort_keys=[("rank", "ascending"), ("id", "ascending")],
-    )
-    ranked = signatures.take(order)  # row position = survivor preference, best first
-    matrix = _signature_matrix(ranked, config)
+    """One `CLUSTER_SCHEMA` row per signature row, in survivor-preference order.
 
-    _, first, inverse = np.unique(
-        ranked["content_hash"].to_numpy(zero_copy_only=False), return_index=True, return_inverse=True
-    )
-    parent = first[inverse.reshape(-1)]  # every exact copy points at its group's best member
-    representatives = np.sort(first)
-    if con is None:
-        with duckdb.connect() as own_con:
-            pairs = _candidate_pairs(matrix, representatives, config, own_con)
-    else:
-        pairs = _candidate_pairs(matrix, representatives, config, con)
-    for a, b in _verified(pairs, matrix, config.jaccard_threshold):
-        _union(parent, a, b)
-    root = np.array([_find(parent, i) for i in range(len(parent))], dtype=np.int64)
+    DuckDB keeps its working tables in a database file under `work_dir` (default: the system's
+    temporary folder), so they can outgrow memory; the file is deleted at the end.
+    """
+    if len(set(source_priority)) != len(source_priority):
+        raise ValueError(f"find_duplicate_clusters: source_priority {list(source_priority)} repeats a source")
+    if workers < 1:
+        raise ValueError(f"find_duplicate_clusters: workers must be >= 1, got {workers}")
+    with _ranked_documents(signatures, config, source_priority, work_dir) as con:
+        exact_root = con.execute("SELECT exact_root FROM docs ORDER BY row").fetchnumpy()["exact_root"]
+        shares = [range(config.num_bands)[i::workers] for i in range(workers)]
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            found = list(pool.map(lambda bands: _pairs_of_bands(con, bands, config), shares))
+        pairs = np.unique(np.concatenate(found), axis=0)
+        verified = pairs[_jaccard(con, pairs, config) >= config.jaccard_threshold]
+        root = _components(exact_root.astype(np.int64), verified)
+        return _cluster_table(con, root, config)
 
-    clusters = _cluster_table(ranked, matrix, root)
-    return clusters.take(pc.sort_indices(order))  # back to the input's row order
+
+def signature_rows(signatures: Signatures) -> int:
+    """How many signature rows the files (or table) hold, from the parquet footers."""
+    if isinstance(signatures, pa.Table):
+        return signatures.num_rows
+    files = [signatures] if isinstance(signatures, str) else list(signatures)
+    with duckdb.connect() as con:
+        return con.read_parquet(files).count("*").fetchall()[0][0]
+
+
+def band_pairs(con: duckdb.DuckDBPyConnection, bands: Sequence[int], config: MinHashConfig) -> np.ndarray:
+    """Distinct (a, b) row pairs, a < b, of representatives whose signatures agree on a whole band.
+
+    One worker's share of the bands: each band is grouped on its own (the join matches band and
+    bucket), so any split of the bands across workers finds the same pairs.
+    """
+    pairs = con.execute(
+        """
+        WITH buckets AS MATERIALIZED (
+            SELECT band, row, hash(signature[band * $rows + 1 : (band + 1) * $rows]) AS bucket
+            FROM docs CROSS JOIN (SELECT unnest($bands::INTEGER[]) AS band)
+            WHERE row = exact_root
+        )
+        SELECT DISTINCT x.row AS a, y.row AS b
+        FROM buckets AS x JOIN buckets AS y ON x.band = y.band AND x.bucket = y.bucket AND x.row < y.row
+        """,
+        {"rows": config.rows_per_band, "bands": list(bands)},
+    ).fetchnumpy()
+    return np.stack([pairs["a"], pairs["b"]], axis=1).astype(np.int64).reshape(-1, 2)
+
+
+def cluster_versions(clusters: pa.Table) -> dict[str, str]:
+    """Per source, a fingerprint of its rows' decisions (id, survivor, match): equal iff unchanged.
+
+    Order-free (an XOR of per-row MD5s) and computed by DuckDB, so it streams over any number of rows.
+    """
+    with duckdb.connect() as con:
+        con.register("clusters", clusters)
+        rows = con.execute(
+            """
+            SELECT source, count(*), bit_xor(md5_number(
+                id || chr(31) || cluster_id || chr(31) || coalesce(match, '')))
+            FROM clusters GROUP BY source
+            """
+        ).fetchall()
+    return {source: f"{count}-{digest:032x}" for source, count, digest in rows}
 
 
 def apply_dedup(table: pa.Table, clusters: pa.Table) -> pa.Table:
-    """Every row of `table` with `duplicate_of`, `cluster_id`, `keep` and `reason` from `clusters` (by id)."""
+    """Every row of `table` with `duplicate_of`, `cluster_id`, `keep`, `reason` and `cluster_version`.
+
+    Rows are matched to `clusters` by id; `cluster_version` is the version of the row's source in
+    `clusters` (`cluster_versions`), so pass the clusters of every document of that source.
+    """
     position = pc.index_in(table["id"], value_set=clusters["id"])
     if position.null_count:
         missing = table["id"].filter(pc.is_null(position))[0].as_py()
         raise ValueError(f"apply_dedup: document id {missing!r} has no row in the clusters table")
+    versions = cluster_versions(clusters)
     matched = clusters.take(position)
-    table = table.drop_columns([c for c in ("duplicate_of", "cluster_id") if c in table.column_names])
+    new = ("duplicate_of", "cluster_id", CLUSTER_VERSION)
+    table = table.drop_columns([c for c in new if c in table.column_names])
     table = table.append_column("duplicate_of", matched["duplicate_of"])
     table = table.append_column("cluster_id", matched["cluster_id"])
+    version = [versions[source] for source in matched["source"].to_pylist()]
+    table = table.append_column(CLUSTER_VERSION, pa.array(version, pa.string()))
     reason = [None if m is None else f"{m}_duplicate" for m in matched["match"].to_pylist()]
     return with_decisions(table, matched["is_survivor"].to_pylist(), reason)
 
 
-def _check_signatures(signatures: pa.Table, config: MinHashConfig, source_priority: Sequence[str]) -> None:
-    missing = {"id", "source", "content_hash", "signature"} - set(signatures.column_names)
-    if missing:
-        raise ValueError(f"find_duplicate_clusters: the signatures table lacks columns {sorted(missing)}")
-    if pc.count_distinct(signatures["id"]).as_py() != signatures.num_rows:
-        counts = pc.value_counts(signatures["id"]).to_pylist()
-        repeated = next(c["values"] for c in counts if c["counts"] > 1)
-        raise ValueError(f"find_duplicate_clusters: document id {repeated!r} appears more than once")
-    if len(set(source_priority)) != len(source_priority):
-        raise ValueError(f"find_duplicate_clusters: source_priority {list(source_priority)} repeats a source")
-    unknown = set(pc.unique(signatures["source"]).to_pylist()) - set(source_priority)
+def built_from_version(table: pa.Table) -> str:
+    """The cluster version a `deduplicated` partition was built from."""
+    versions = pc.unique(table[CLUSTER_VERSION]).to_pylist() if CLUSTER_VERSION in table.column_names else []
+    if len(versions) > 1:
+        raise ValueError(f"a deduplicated partition mixes cluster versions {versions}")
+    return versions[0] if versions else EMPTY_VERSION
+
+
+@contextmanager
+def _ranked_documents(
+    signatures: Signatures, config: MinHashConfig, source_priority: Sequence[str], work_dir: str | Path | None
+) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A DuckDB database holding `docs`: the signatures with their row number and exact group root."""
+    with tempfile.TemporaryDirectory(dir=work_dir) as folder, duckdb.connect(f"{folder}/dedup.duckdb") as con:
+        if isinstance(signatures, pa.Table):
+            con.register("signatures", signatures)
+        else:
+            files = [signatures] if isinstance(signatures, str) else list(signatures)
+            con.read_parquet(files).create_view("signatures")
+        _check_signatures(con, config, source_priority)
+        shingles = ", shingles" if config.verification == "exact" else ""
+        con.execute(
+            f"""
+            CREATE TABLE docs AS
+            WITH ranked AS (
+                SELECT row_number() OVER (ORDER BY list_position($priority, source), id) - 1 AS row,
+                       id, source, content_hash, signature{shingles}
+                FROM signatures
+            )
+            SELECT *, min(row) OVER (PARTITION BY content_hash) AS exact_root FROM ranked
+            """,
+            {"priority": list(source_priority)},
+        )
+        yield con
+
+
+def _check_signatures(con: duckdb.DuckDBPyConnection, config: MinHashConfig, priority: Sequence[str]) -> None:
+    columns = {row[0] for row in con.execute("DESCRIBE signatures").fetchall()}
+    required = {"id", "source", "content_hash", "signature"} | (
+        {"shingles"} if config.verification == "exact" else set()
+    )
+    if required - columns:
+        hint = " (verification: exact needs signatures computed with it)" if "shingles" in required else ""
+        raise ValueError(
+            f"find_duplicate_clusters: the signatures lack columns {sorted(required - columns)}{hint}"
+        )
+    repeated = con.execute("SELECT id FROM signatures GROUP BY id HAVING count(*) > 1 LIMIT 1").fetchone()
+    if repeated:
+        raise ValueError(f"find_duplicate_clusters: document id {repeated[0]!r} appears more than once")
+    unknown = con.execute(
+        "SELECT DISTINCT source FROM signatures WHERE list_position($p, source) IS NULL ORDER BY source",
+        {"p": list(priority)},
+    ).fetchall()
     if unknown:
         raise ValueError(
-            f"find_duplicate_clusters: sources {sorted(unknown)} are not in "
-            f"source_priority {list(source_priority)}"
+            f"find_duplicate_clusters: sources {[u[0] for u in unknown]} are not in "
+            f"source_priority {list(priority)}"
         )
-    wrong = pc.not_equal(pc.list_value_length(signatures["signature"]), config.num_hashes)
-    if pc.any(wrong).as_py():
-        bad = signatures["id"].filter(wrong)[0].as_py()
+    wrong = con.execute(
+        "SELECT id, len(signature) FROM signatures WHERE len(signature) != $k LIMIT 1",
+        {"k": config.num_hashes},
+    ).fetchone()
+    if wrong:
         raise ValueError(
-            f"find_duplicate_clusters: document {bad!r} has a signature not of length "
+            f"find_duplicate_clusters: document {wrong[0]!r} has a signature of length {wrong[1]}, not "
             f"{config.num_hashes} (num_bands x rows_per_band); was it computed with another MinHashConfig?"
         )
 
 
-def _signature_matrix(signatures: pa.Table, config: MinHashConfig) -> np.ndarray:
-    flat = pc.list_flatten(signatures["signature"]).to_numpy()
-    return flat.reshape(signatures.num_rows, config.num_hashes)
+def _pairs_of_bands(con: duckdb.DuckDBPyConnection, bands: range, config: MinHashConfig) -> np.ndarray:
+    """One worker: its own cursor (a connection to the same database) over its share of the bands."""
+    if not bands:
+        return np.empty((0, 2), dtype=np.int64)
+    with con.cursor() as cursor:
+        return band_pairs(cursor, bands, config)
 
 
-def _candidate_pairs(
-    matrix: np.ndarray, rows: np.ndarray, config: MinHashConfig, con: duckdb.DuckDBPyConnection
-) -> np.ndarray:
-    """(a, b) row pairs, a < b, that share at least one band bucket; shape (pairs, 2)."""
-    view = f"minhash_signatures_{uuid.uuid4().hex}"
-    flat = pa.array(matrix[rows].reshape(-1), pa.uint32())
-    offsets = pa.array(np.arange(len(rows) + 1, dtype=np.int32) * config.num_hashes, pa.int32())
-    con.register(
-        view,
-        pa.table({"row": pa.array(rows, pa.int64()), "signature": pa.ListArray.from_arrays(offsets, flat)}),
-    )
+def _jaccard(con: duckdb.DuckDBPyConnection, pairs: np.ndarray, config: MinHashConfig) -> np.ndarray:
+    """The Jaccard similarity of each (a, b) row pair: estimated, or exact on the shingle sets."""
+    column = "shingles" if config.verification == "exact" else "signature"
+    view = f"pairs_{uuid.uuid4().hex}"
+    con.register(view, pa.table({"i": np.arange(len(pairs)), "a": pairs[:, 0], "b": pairs[:, 1]}))
+    similarity = np.empty(len(pairs), dtype=np.float64)
     try:
-        pairs = con.execute(
+        reader = con.sql(
             f"""
-            WITH bands AS MATERIALIZED (
-                SELECT row, band, hash(signature[band * $r + 1 : (band + 1) * $r]) AS bucket
-                FROM {view}, range($b) AS bands(band)
-            )
-            SELECT DISTINCT x.row AS a, y.row AS b
-            FROM bands AS x JOIN bands AS y ON x.band = y.band AND x.bucket = y.bucket AND x.row < y.row
-            """,
-            {"r": config.rows_per_band, "b": config.num_bands},
-        ).fetchnumpy()
+            SELECT p.i, x.{column} AS x, y.{column} AS y
+            FROM {view} AS p JOIN docs AS x ON x.row = p.a JOIN docs AS y ON y.row = p.b
+            """
+        ).to_arrow_reader()
+        for batch in reader:
+            index = batch.column("i").to_numpy()
+            if config.verification == "exact":
+                similarity[index] = [
+                    _exact_jaccard(x, y) for x, y in zip(batch["x"], batch["y"], strict=True)
+                ]
+            else:
+                x, y = (_matrix(batch.column(name), config.num_hashes) for name in ("x", "y"))
+                similarity[index] = (x == y).mean(axis=1)
     finally:
         con.unregister(view)
-    return np.stack([pairs["a"], pairs["b"]], axis=1).astype(np.int64).reshape(-1, 2)
+    return similarity
 
 
-def _verified(pairs: np.ndarray, matrix: np.ndarray, threshold: float) -> np.ndarray:
-    """The candidate pairs whose estimated Jaccard reaches `threshold`."""
-    chunks = np.array_split(pairs, max(1, -(-len(pairs) // _PAIRS_PER_CHUNK)))
-    return np.concatenate(
-        [chunk[_estimated_jaccard(matrix[chunk[:, 0]], matrix[chunk[:, 1]]) >= threshold] for chunk in chunks]
-    )
+def _matrix(lists: pa.ListArray, width: int) -> np.ndarray:
+    return pc.list_flatten(lists).to_numpy().reshape(-1, width)
 
 
-def _estimated_jaccard(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    return (x == y).mean(axis=-1)
+def _exact_jaccard(x: pa.ListScalar, y: pa.ListScalar) -> float:
+    a, b = x.values.to_numpy(), y.values.to_numpy()  # distinct and sorted (minhash._distinct_shingles)
+    shared = len(np.intersect1d(a, b, assume_unique=True))
+    return shared / (len(a) + len(b) - shared)
 
 
-def _find(parent: np.ndarray, i: int) -> int:
-    root = i
-    while parent[root] != root:
-        root = parent[root]
-    while parent[i] != root:  # path compression
-        parent[i], i = root, parent[i]
-    return int(root)
+def _components(parent: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """The root (smallest member) of each row's connected component, given initial parent pointers.
+
+    Vectorised union-find: hook the larger root of every edge under the smaller one, then jump pointers
+    until every row points at its root; repeat until no edge joins two roots. Hooks only ever point at
+    smaller rows, so a component's smallest row, its survivor, stays its root.
+    """
+    parent = parent.copy()
+    a, b = edges[:, 0], edges[:, 1]
+    while True:
+        while not np.array_equal(parent[parent], parent):
+            parent = parent[parent]
+        root_a, root_b = parent[a], parent[b]
+        apart = root_a != root_b
+        if not apart.any():
+            return parent
+        np.minimum.at(parent, np.maximum(root_a, root_b)[apart], np.minimum(root_a, root_b)[apart])
 
 
-def _union(parent: np.ndarray, a: int, b: int) -> None:
-    root_a, root_b = _find(parent, a), _find(parent, b)
-    if root_a != root_b:
-        parent[max(root_a, root_b)] = min(root_a, root_b)
-
-
-def _cluster_table(ranked: pa.Table, matrix: np.ndarray, root: np.ndarray) -> pa.Table:
-    """CLUSTER_SCHEMA rows for the ranked documents, given each one's cluster root."""
-    is_survivor = root == np.arange(len(root))
-    ids = ranked["id"].combine_chunks()
-    survivor_id = ids.take(pa.array(root))
-    content_hash = ranked["content_hash"].to_numpy(zero_copy_only=False)
-    exact = content_hash == content_hash[root]
-    jaccard = np.where(exact, 1.0, _estimated_jaccard(matrix, matrix[root])).astype(np.float32)
-    match = np.where(is_survivor, None, np.where(exact, "exact", "near")).astype(object)
-    return pa.table(
-        {
-            "id": ids,
-            "source": ranked["source"],
-            "cluster_id": survivor_id,
-            "is_survivor": pa.array(is_survivor),
-            "duplicate_of": pa.array(
-                np.where(is_survivor, None, survivor_id.to_numpy(zero_copy_only=False)), pa.string()
-            ),
-            "match": pa.array(match, pa.string()),
-            "est_jaccard": pa.array(jaccard, mask=is_survivor),
-        },
-        schema=CLUSTER_SCHEMA,
-    )
+def _cluster_table(con: duckdb.DuckDBPyConnection, root: np.ndarray, config: MinHashConfig) -> pa.Table:
+    con.register("roots", pa.table({"row": np.arange(len(root)), "root": root}))
+    near = con.execute(
+        """
+        SELECT r.row, r.root FROM roots AS r JOIN docs AS d USING (row) JOIN docs AS s ON s.row = r.root
+        WHERE r.row != r.root AND d.content_hash != s.content_hash
+        """
+    ).fetchnumpy()
+    near_pairs = np.stack([near["row"], near["root"]], axis=1).astype(np.int64).reshape(-1, 2)
+    con.register("near", pa.table({"row": near_pairs[:, 0], "jaccard": _jaccard(con, near_pairs, config)}))
+    table = con.sql(
+        """
+        SELECT d.id, d.source, s.id AS cluster_id, d.row = r.root AS is_survivor,
+               CASE WHEN d.row != r.root THEN s.id END AS duplicate_of,
+               CASE WHEN d.row = r.root THEN NULL WHEN n.row IS NULL THEN 'exact' ELSE 'near' END AS match,
+               CASE WHEN d.row = r.root THEN NULL ELSE coalesce(n.jaccard, 1.0) END AS jaccard
+        FROM docs AS d JOIN roots AS r USING (row) JOIN docs AS s ON s.row = r.root
+        LEFT JOIN near AS n ON n.row = d.row
+        ORDER BY d.row
+        """
+    ).to_arrow_table()
+    return table.cast(CLUSTER_SCHEMA)

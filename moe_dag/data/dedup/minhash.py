@@ -1,12 +1,13 @@
 """MinHash signatures for near-duplicate detection (Broder 1997), the first of the dedup stages.
 
-Stages, each an Arrow table you can inspect: `compute_signatures` (this module) -> `find_duplicate_clusters`
--> `apply_dedup` (clusters.py).
+Stages, each an Arrow table or parquet files you can inspect: `compute_signatures` (this module, one
+batch at a time, per shard) -> `find_duplicate_clusters` (clusters.py, over the signature files of
+every source) -> `apply_dedup` (per source).
 
-The maths. A document becomes the set S of hashes of its word 5-grams (shingles) after normalisation.
-For a random hash function h, P[min h(S1) = min h(S2)] = |S1 & S2| / |S1 | S2| = J, the Jaccard
-similarity. A signature holds K = b * r such minima under independent hash functions, so the fraction
-of equal positions estimates J with standard error sqrt(J (1 - J) / K) (0.038 at J = 0.8, K = 112).
+The maths. A document becomes the set S of hashes of its word 5-grams (shingles.py). For a random
+permutation h, P[min h(S1) = min h(S2)] = |S1 & S2| / |S1 | S2| = J, the Jaccard similarity. A
+signature holds K = b * r such minima under independent permutations, so the fraction of equal
+positions estimates J with standard error sqrt(J (1 - J) / K) (0.038 at J = 0.8, K = 112).
 
 Locality-sensitive hashing splits the K rows into b bands of r rows. Two documents become a candidate
 pair when all r rows of at least one band agree:
@@ -14,28 +15,30 @@ pair when all r rows of at least one band agree:
 With b = 14 bands of r = 8 rows this S-curve crosses 0.5 at s = (1 - 0.5^(1/b))^(1/r) = 0.68 and gives
     s = 0.5 -> 0.053,  s = 0.7 -> 0.56,  s = 0.8 -> 0.92,  s = 0.9 -> 0.9996,
 so pairs above the 0.8 verification threshold are found 92% to 100% of the time while pairs below 0.5
-rarely cost a comparison. Candidates are then verified on the estimated J.
+rarely cost a comparison. Candidates are then verified on the estimated J of the whole signature (or,
+as an option, on the exact J of the stored shingle sets) before they join a cluster.
 
-Hash functions: universal hashing h(x) = (a x + b) mod p over the prime p = 2^32 - 5, with
-x the 64-bit xxhash of a shingle reduced modulo p. With a, b, x < p every product fits in 64 bits, so
-numpy computes it exactly on uint64 (the usual p = 2^61 - 1 overflows and silently wraps), and each
-minimum fits a uint32.
+The permutations: rensa's R-MinHash, h_k(x) = (a_k x + b_k) >> 32 over 64-bit shingle hashes x with
+(a_k, b_k) drawn from the seed, in Rust with SIMD. `benchmarks/dedup.py` measured it against the same
+permutations written in numpy (multiply, add, shift, column minimum) and against rensa's own
+text-to-signature path: the shingling here is vectorised over the batch, the permutations are rensa's.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import pyarrow as pa
-import xxhash
+import pyarrow.compute as pc
+import rensa
 from tqdm.auto import tqdm
 
-_PRIME = np.uint64(4_294_967_291)  # 2^32 - 5, the largest prime below 2^32
-_NOT_WORD = re.compile(r"[\W_]+")  # punctuation, symbols and underscores; \w keeps letters of any script
-# Documents hashed together in one matrix; bounds memory at about this many shingles x K x 8 bytes.
-_SHINGLES_PER_BATCH = 16_384
+from moe_dag.data.dedup.shingles import MAX_NGRAM_SIZE, shingle_hashes
+
+# Texts hashed together in one vectorised pass; keeps the pass's arrays in cache-sized pieces.
+_BYTES_PER_BATCH = 1 << 21
 
 SIGNATURE_SCHEMA = pa.schema(
     [
@@ -45,6 +48,8 @@ SIGNATURE_SCHEMA = pa.schema(
         pa.field("signature", pa.list_(pa.uint32()), nullable=False),
     ]
 )
+# With `verification: exact`, the distinct shingle hashes too (sorted), for exact Jaccard.
+SHINGLES_FIELD = pa.field("shingles", pa.list_(pa.uint64()), nullable=False)
 
 
 @dataclass(kw_only=True)
@@ -54,19 +59,32 @@ class MinHashConfig:
     ngram_size: int = 5
     seed: int = 1
     jaccard_threshold: float = 0.8
+    # How a candidate pair is verified: "estimated" Jaccard from the full signature (the default: the
+    # global step reads signatures only), or "exact" Jaccard of the shingle sets, which the signature
+    # files then carry (about 8 bytes per word: for small corpora and tests).
+    verification: Literal["estimated", "exact"] = "estimated"
 
     def __post_init__(self) -> None:
         for name in ("num_bands", "rows_per_band", "ngram_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"MinHashConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.ngram_size > MAX_NGRAM_SIZE:
+            raise ValueError(f"MinHashConfig.ngram_size must be <= {MAX_NGRAM_SIZE}, got {self.ngram_size}")
         if not 0.0 < self.jaccard_threshold <= 1.0:
             raise ValueError(
                 f"MinHashConfig.jaccard_threshold must lie in (0, 1], got {self.jaccard_threshold}"
+            )
+        if self.verification not in ("estimated", "exact"):
+            raise ValueError(
+                f"MinHashConfig.verification must be 'estimated' or 'exact', got {self.verification!r}"
             )
 
     @property
     def num_hashes(self) -> int:
         return self.num_bands * self.rows_per_band
+
+    def signature_schema(self) -> pa.Schema:
+        return SIGNATURE_SCHEMA.append(SHINGLES_FIELD) if self.verification == "exact" else SIGNATURE_SCHEMA
 
 
 def candidate_probability(similarity: float, num_bands: int, rows_per_band: int) -> float:
@@ -74,68 +92,59 @@ def candidate_probability(similarity: float, num_bands: int, rows_per_band: int)
     return 1.0 - (1.0 - similarity**rows_per_band) ** num_bands
 
 
-def normalize_text(text: str) -> str:
-    """Lowercase, punctuation removed, whitespace collapsed: edits in formatting alone are not edits."""
-    return " ".join(_NOT_WORD.sub(" ", text.lower()).split())
-
-
-def shingle_hashes(normalized: str, ngram_size: int) -> np.ndarray:
-    """Distinct 64-bit hashes of the word n-grams; a text shorter than n words is one shingle."""
-    words = normalized.split(" ")
-    if len(words) <= ngram_size:
-        shingles = [normalized]
-    else:
-        shingles = [" ".join(words[i : i + ngram_size]) for i in range(len(words) - ngram_size + 1)]
-    return np.unique(
-        np.fromiter((xxhash.xxh3_64_intdigest(s.encode()) for s in shingles), np.uint64, len(shingles))
-    )
-
-
 def compute_signatures(table: pa.Table, config: MinHashConfig) -> pa.Table:
-    """One row per document: id, source, content_hash (exact dedup) and its MinHash signature."""
+    """One row per document: id, source, content_hash (exact dedup) and its MinHash signature.
+
+    A pure function of each row: any split of the documents into batches, shards or workers gives the
+    same rows.
+    """
     missing = {"id", "source", "text"} - set(table.column_names)
     if missing:
         raise ValueError(f"compute_signatures: the table lacks columns {sorted(missing)}")
-    a, b = _hash_parameters(config)
-    normalized = [normalize_text(text) for text in table["text"].to_pylist()]
-    # 128 bits: at 10^9 documents a 64-bit hash would merge two different texts with probability ~3%.
-    content_hash = [xxhash.xxh3_128_hexdigest(text.encode()) for text in normalized]
+    batches = []
+    with tqdm(total=table.num_rows, desc="minhash", unit="doc", disable=None) as progress:
+        for start, stop in _batch_bounds(table["text"]):
+            batches.append(_signature_batch(table.slice(start, stop - start), config))
+            progress.update(stop - start)
+    return pa.concat_tables(batches) if batches else config.signature_schema().empty_table()
 
-    signatures = np.empty((len(normalized), config.num_hashes), dtype=np.uint32)
-    batch: list[np.ndarray] = []
-    batch_start, batch_shingles = 0, 0
-    for i, text in enumerate(tqdm(normalized, desc="minhash", unit="doc", disable=None)):
-        batch.append(shingle_hashes(text, config.ngram_size))
-        batch_shingles += len(batch[-1])
-        if batch_shingles >= _SHINGLES_PER_BATCH or i == len(normalized) - 1:
-            signatures[batch_start : i + 1] = _min_hashes(batch, a, b)
-            batch, batch_start, batch_shingles = [], i + 1, 0
 
-    flat = pa.array(signatures.reshape(-1), pa.uint32())
-    offsets = pa.array(np.arange(len(normalized) + 1, dtype=np.int32) * config.num_hashes, pa.int32())
-    return pa.table(
-        [
-            table["id"],
-            table["source"],
-            pa.array(content_hash, pa.string()),
-            pa.ListArray.from_arrays(offsets, flat),
-        ],
-        schema=SIGNATURE_SCHEMA,
+def _batch_bounds(texts: pa.ChunkedArray) -> list[tuple[int, int]]:
+    """Consecutive row ranges of about `_BYTES_PER_BATCH` bytes of text each."""
+    lengths = pc.fill_null(pc.binary_length(texts), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    batch = (np.cumsum(lengths) - lengths) // _BYTES_PER_BATCH  # the batch where each text starts
+    bounds = np.concatenate([[0], np.flatnonzero(np.diff(batch)) + 1, [len(lengths)]])
+    return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True) if b > a]
+
+
+def _signature_batch(table: pa.Table, config: MinHashConfig) -> pa.Table:
+    shingles = shingle_hashes(table["text"], config.ngram_size)
+    digests = rensa.RMinHash.digest_matrix_from_flat_token_hashes(
+        shingles.hashes, shingles.offsets, config.num_hashes, config.seed
     )
+    signatures = np.asarray(digests.to_rows(), dtype=np.uint32).reshape(table.num_rows, config.num_hashes)
+    columns = [
+        table["id"],
+        table["source"],
+        pa.array(shingles.content_hashes, pa.string()),
+        _list_array(signatures.reshape(-1), np.full(table.num_rows, config.num_hashes), pa.uint32()),
+    ]
+    if config.verification == "exact":
+        columns.append(_distinct_shingles(shingles.hashes, shingles.offsets))
+    return pa.table(columns, schema=config.signature_schema())
 
 
-def _hash_parameters(config: MinHashConfig) -> tuple[np.ndarray, np.ndarray]:
-    """The K pairs (a, b) with 1 <= a < p and 0 <= b < p, fixed by the seed."""
-    rng = np.random.default_rng(config.seed)
-    a = rng.integers(1, int(_PRIME), size=config.num_hashes, dtype=np.uint64)
-    b = rng.integers(0, int(_PRIME), size=config.num_hashes, dtype=np.uint64)
-    return a, b
+def _distinct_shingles(hashes: np.ndarray, offsets: np.ndarray) -> pa.ListArray:
+    """Each document's distinct shingle hashes, sorted: sort by (document, hash), drop repeats."""
+    counts = np.diff(offsets.astype(np.int64))
+    doc = np.repeat(np.arange(len(counts)), counts)
+    order = np.lexsort((hashes, doc))
+    doc, hashes = doc[order], hashes[order]
+    first = np.ones(len(hashes), dtype=bool)
+    first[1:] = (doc[1:] != doc[:-1]) | (hashes[1:] != hashes[:-1])
+    return _list_array(hashes[first], np.bincount(doc[first], minlength=len(counts)), pa.uint64())
 
 
-def _min_hashes(shingles: list[np.ndarray], a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Signatures of a batch of documents: per document, the column minima of (a x + b) mod p."""
-    x = np.concatenate(shingles) % _PRIME
-    hashed = (x[:, None] * a[None, :] + b[None, :]) % _PRIME
-    starts = np.cumsum([0] + [len(s) for s in shingles[:-1]])
-    # Every document has at least one shingle, so no segment of reduceat is empty.
-    return np.minimum.reduceat(hashed, starts, axis=0).astype(np.uint32)
+def _list_array(values: np.ndarray, lengths: np.ndarray, value_type: pa.DataType) -> pa.ListArray:
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(values, value_type))

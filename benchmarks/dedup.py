@@ -1,0 +1,371 @@
+"""Near-duplicate removal, texts to decisions, against datatrove, datasketch and rensa on the same corpus.
+
+The corpus is real text from the Python installation this runs in (standard library and site-packages
+sources, package READMEs, help topics, docstrings: `moe_dag.data.demo_corpus`), split into two sources
+(code and prose), plus planted copies: near duplicates (about one word in 150 replaced or deleted) and
+exact ones with spacing and case changed. Every side goes from texts to a keep/duplicate decision per
+document with the same parameters (word 5-grams, 14 bands x 8 rows, verification at Jaccard 0.8):
+- moe-dag: `compute_signatures` per source written to parquet, `find_duplicate_clusters` over the files;
+- datatrove: its four MinHash stages (signatures, buckets, clusters, filter) on local folders;
+- datasketch: `MinHash.update_batch` per document and a `MinHashLSH` query/insert loop;
+- rensa: `RMinHash.from_token_sets`, and an `RMinHashLSH` query/insert loop with `jaccard` verification.
+The baselines get their shingles from the usual Python (regex normalisation, word 5-gram strings).
+
+Throughput is documents per CPU second of this process (all its threads), i.e. per core: the machine
+is shared, and DuckDB and rensa may use several threads. Quality: precision and recall of duplicate
+pairs against exact word-5-gram Jaccard >= 0.8, brute force over a sample (every pair sharing a
+pair that can reach 0.8 is compared exactly, see `true_pairs`). A true pair is recalled when both
+documents land in one cluster; a removed document is a true positive when its survivor is a true pair.
+
+Also measured: signatures alone with the permutations in numpy (multiply, add, shift, minimum) against
+rensa's, both after the same vectorised shingling; this decides which `compute_signatures` uses. With
+`--s-curve-png PATH` it writes the S-curve: measured and predicted probability of being paired against
+true Jaccard.
+
+    .venv/bin/python benchmarks/dedup.py [--documents 3000] [--sample 2000] [--s-curve-png PATH]
+
+Needs the `bench` extra (`make bench` installs it). Last line: one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import random
+import re
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import rensa
+import xxhash
+
+from moe_dag.data.dedup import (
+    MinHashConfig,
+    candidate_probability,
+    compute_signatures,
+    find_duplicate_clusters,
+    normalize_text,
+    shingle_hashes,
+)
+from moe_dag.data.demo_corpus.noise import near_duplicate_text
+from moe_dag.data.demo_corpus.python_text import code_documents, prose_documents
+
+CONFIG = MinHashConfig()
+SOURCES = ["prose", "code"]
+_NOT_WORD = re.compile(r"[\W_]+")  # the baselines' normalisation: what a user of those libraries writes
+
+
+def build_corpus(documents: int, seed: int = 0) -> pa.Table:
+    """Real documents, half prose and half code, then 10% near copies and 4% exact copies."""
+    rng = random.Random(seed)
+    prose = list(itertools.islice(prose_documents(random.Random(seed)), documents // 2))
+    code = list(itertools.islice(code_documents(random.Random(seed)), documents - len(prose)))
+    rows = [
+        (f"{s}/{i}", s, doc.text)
+        for s, docs in (("prose", prose), ("code", code))
+        for i, doc in enumerate(docs)
+    ]
+    originals = list(rows)
+    for i, (doc_id, _, text) in enumerate(rng.sample(originals, len(originals) // 10)):
+        rows.append((f"{doc_id}/near{i}", rng.choice(SOURCES), near_duplicate_text(rng, text)))
+    for i, (doc_id, source, text) in enumerate(rng.sample(originals, len(originals) // 25)):
+        rows.append((f"{doc_id}/exact{i}", source, "  ".join(text.upper().split(" "))))
+    ids, sources, texts = zip(*rows, strict=True)
+    return pa.table({"id": list(ids), "source": list(sources), "text": list(texts)})
+
+
+def python_shingles(text: str, n: int = 5) -> list[str]:
+    words = _NOT_WORD.sub(" ", text.lower()).split()
+    return [" ".join(words[i : i + n]) for i in range(max(len(words) - n + 1, 1))]
+
+
+def timed(run: Callable[[], list[int]]) -> tuple[list[int], float, float]:
+    """(cluster label per document, CPU seconds of the process, wall seconds)."""
+    cpu, wall = time.process_time(), time.perf_counter()
+    labels = run()
+    return labels, time.process_time() - cpu, time.perf_counter() - wall
+
+
+def moe_dag_path(corpus: pa.Table, folder: Path) -> list[int]:
+    """The asset path: signatures per source written as parquet, clusters from the files."""
+    files = []
+    for source in SOURCES:
+        signatures = compute_signatures(corpus.filter(pc.equal(corpus["source"], source)), CONFIG)
+        files.append(str(folder / f"{source}.parquet"))
+        pq.write_table(signatures, files[-1])
+    clusters = find_duplicate_clusters(files, CONFIG, SOURCES)
+    label = dict(zip(clusters["id"].to_pylist(), clusters["cluster_id"].to_pylist(), strict=True))
+    position = {doc_id: i for i, doc_id in enumerate(corpus["id"].to_pylist())}
+    return [position[label[doc_id]] for doc_id in corpus["id"].to_pylist()]
+
+
+def datatrove_path(corpus: pa.Table, folder: Path) -> list[int]:
+    """datatrove's four MinHash stages; it reports keep or drop only, so each dropped document is alone."""
+    import datatrove.utils.hashes.xxhash as datatrove_xxhash
+    from datatrove.data import Document
+    from datatrove.pipeline.dedup import minhash as dt
+    from loguru import logger
+
+    logger.remove()  # datatrove logs every bucket of every stage
+
+    # datatrove 0.10 passes str to xxhash, which xxhash 4 rejects; encode first, as xxhash 3 did inside.
+    datatrove_xxhash.xxhash64 = lambda data: xxhash.xxh64_intdigest(
+        data.encode() if isinstance(data, str) else data
+    )
+    config = dt.MinhashConfig(
+        n_grams=CONFIG.ngram_size, num_buckets=CONFIG.num_bands, hashes_per_bucket=CONFIG.rows_per_band
+    )
+    documents = [Document(text=t, id=str(i)) for i, t in enumerate(corpus["text"].to_pylist())]
+    dt.MinhashDedupSignature(str(folder / "sigs"), config=config).run(iter(documents), rank=0, world_size=1)
+    buckets = dt.MinhashDedupBuckets(str(folder / "sigs"), str(folder / "buckets"), config=config)
+    for bucket in range(config.num_buckets):
+        buckets.run(None, rank=bucket, world_size=config.num_buckets)
+    dt.MinhashDedupCluster(str(folder / "buckets"), str(folder / "remove"), config=config).run(None, 0, 1)
+    kept = {
+        int(d.id)
+        for d in dt.MinhashDedupFilter(str(folder / "remove")).run(iter(documents), rank=0, world_size=1)
+    }
+    return [i if i in kept else -1 - i for i in range(len(documents))]
+
+
+def lsh_loop(minhashes: list, query: Callable, insert: Callable, similarity: Callable) -> list[int]:
+    """The usual library loop: a document whose verified candidate was kept joins that one's cluster."""
+    label = []
+    for i, minhash in enumerate(minhashes):
+        matches = [c for c in query(minhash) if similarity(minhashes[c], minhash) >= CONFIG.jaccard_threshold]
+        if matches:
+            label.append(label[min(matches)])
+        else:
+            label.append(i)
+            insert(i, minhash)
+    return label
+
+
+def datasketch_path(corpus: pa.Table, folder: Path) -> list[int]:
+    from datasketch import MinHash, MinHashLSH
+
+    minhashes = []
+    for text in corpus["text"].to_pylist():
+        minhash = MinHash(num_perm=CONFIG.num_hashes, seed=CONFIG.seed)
+        minhash.update_batch([s.encode() for s in python_shingles(text)])
+        minhashes.append(minhash)
+    lsh = MinHashLSH(num_perm=CONFIG.num_hashes, params=(CONFIG.num_bands, CONFIG.rows_per_band))
+    return lsh_loop(minhashes, lsh.query, lsh.insert, lambda a, b: a.jaccard(b))
+
+
+def rensa_path(corpus: pa.Table, folder: Path) -> list[int]:
+    shingles = [python_shingles(text) for text in corpus["text"].to_pylist()]
+    minhashes = rensa.RMinHash.from_token_sets(shingles, CONFIG.num_hashes, CONFIG.seed)
+    lsh = rensa.RMinHashLSH(CONFIG.jaccard_threshold, CONFIG.num_hashes, CONFIG.num_bands)
+    return lsh_loop(minhashes, lsh.query, lsh.insert, lambda a, b: a.jaccard(b))
+
+
+def true_pairs(texts: list[str], sample: list[int]) -> set[tuple[int, int]]:
+    """Every sampled pair with exact word-5-gram Jaccard >= the threshold, by an exact all-pairs join.
+
+    Prefix filtering (Bayardo et al. 2007) skips only pairs that cannot reach the threshold: with the
+    shingles of every document ordered rarest first, two sets with Jaccard >= t share a shingle within
+    the first |S| - ceil(t |S|) + 1 of each. Every candidate is then compared exactly.
+    """
+    t = CONFIG.jaccard_threshold
+    grams = {}
+    for i in sample:
+        words = normalize_text(texts[i]).split(" ")
+        grams[i] = {tuple(words[k : k + 5]) for k in range(max(len(words) - 4, 1))}
+    frequency = defaultdict(int)
+    for shingles in grams.values():
+        for shingle in shingles:
+            frequency[shingle] += 1
+    holders = defaultdict(list)
+    for i, shingles in grams.items():
+        ordered = sorted(shingles, key=lambda g: (frequency[g], g))
+        for shingle in ordered[: len(ordered) - math.ceil(t * len(ordered)) + 1]:
+            holders[shingle].append(i)
+    candidates = {pair for docs in holders.values() for pair in itertools.combinations(sorted(docs), 2)}
+    return {(a, b) for a, b in candidates if len(grams[a] & grams[b]) >= t * len(grams[a] | grams[b])}
+
+
+def quality(labels: list[int], truth: set[tuple[int, int]], sample: list[int]) -> tuple[float, float]:
+    """(precision, recall) of duplicate pairs on the sample; see the module docstring."""
+    recall = sum(labels[a] == labels[b] for a, b in truth) / max(len(truth), 1)
+    in_sample = set(sample)
+    removed = [(i, labels[i]) for i in sample if labels[i] != i and labels[i] >= 0 and labels[i] in in_sample]
+    right = sum((min(i, s), max(i, s)) in truth for i, s in removed)
+    return right / max(len(removed), 1), recall
+
+
+def signature_speed(corpus: pa.Table) -> dict[str, float]:
+    """Documents per CPU second: vectorised shingling, then rensa's permutations or the same in numpy."""
+    rng = np.random.default_rng(CONFIG.seed)
+    a = rng.integers(1, 2**63, CONFIG.num_hashes, dtype=np.uint64) | np.uint64(1)
+    b = rng.integers(0, 2**63, CONFIG.num_hashes, dtype=np.uint64)
+
+    def numpy_minhash(hashes: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        out = np.empty((len(offsets) - 1, CONFIG.num_hashes), dtype=np.uint32)
+        for start in range(0, len(offsets) - 1, 64):  # 64 documents at a time keep the block in cache
+            lo, hi = offsets[start], offsets[min(start + 64, len(offsets) - 1)]
+            with np.errstate(over="ignore"):
+                permuted = ((hashes[lo:hi, None] * a + b) >> np.uint64(32)).astype(np.uint32)
+            local = (offsets[start : start + 65] - lo).astype(np.int64)
+            out[start : start + len(local) - 1] = np.minimum.reduceat(permuted, local[:-1], axis=0)
+        return out
+
+    def rensa_minhash(hashes: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        digests = rensa.RMinHash.digest_matrix_from_flat_token_hashes(
+            hashes, offsets, CONFIG.num_hashes, CONFIG.seed
+        )
+        return np.asarray(digests.to_rows(), dtype=np.uint32)
+
+    rates = {}
+    for name, permute in (("numpy", numpy_minhash), ("rensa", rensa_minhash)):
+        started = time.process_time()
+        for start in range(0, corpus.num_rows, 256):
+            shingles = shingle_hashes(corpus["text"].slice(start, 256), CONFIG.ngram_size)
+            permute(shingles.hashes, shingles.offsets)
+        rates[name] = corpus.num_rows / (time.process_time() - started)
+    return rates
+
+
+def s_curve(trials: int = 60, words: int = 200) -> list[tuple[float, float, float]]:
+    """(true Jaccard, share paired by LSH, share clustered after verification) over seeded pairs."""
+    rows = []
+    for replaced in (150, 110, 80, 60, 45, 34, 26, 20, 15, 10, 6, 3):
+        texts = []
+        for trial in range(trials):
+            rng = random.Random(trial * 1000 + replaced)
+            fresh = list(
+                dict.fromkeys(
+                    "".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=8)) for _ in range(2 * words)
+                )
+            )
+            texts += [
+                " ".join(fresh[:words]),
+                " ".join(fresh[: words - replaced] + fresh[words : words + replaced]),
+            ]
+        table = pa.table(
+            {"id": [str(i) for i in range(len(texts))], "source": ["web"] * len(texts), "text": texts}
+        )
+        signatures = np.array(compute_signatures(table, CONFIG)["signature"].to_pylist()).reshape(
+            trials, 2, -1
+        )
+        equal = signatures[:, 0] == signatures[:, 1]
+        paired = equal.reshape(trials, CONFIG.num_bands, CONFIG.rows_per_band).all(axis=2).any(axis=1)
+        clustered = paired & (equal.mean(axis=1) >= CONFIG.jaccard_threshold)
+        rows.append(((words - 4 - replaced) / (words - 4 + replaced), paired.mean(), clustered.mean()))
+    return rows
+
+
+def plot_s_curve(rows: list[tuple[float, float, float]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    grid = np.linspace(0, 1, 201)
+    figure, axes = plt.subplots(figsize=(6, 4))
+    axes.plot(
+        grid,
+        [candidate_probability(s, CONFIG.num_bands, CONFIG.rows_per_band) for s in grid],
+        label="P(paired) = 1 - (1 - s^8)^14",
+    )
+    axes.plot([r[0] for r in rows], [r[1] for r in rows], "o", label="measured: paired by LSH")
+    axes.plot(
+        [r[0] for r in rows], [r[2] for r in rows], "x", label="measured: clustered (estimated J >= 0.8)"
+    )
+    axes.axvline(CONFIG.jaccard_threshold, color="grey", linestyle="--", linewidth=1)
+    axes.set(
+        xlabel="true Jaccard of word 5-grams", ylabel="probability", title="MinHash LSH, 14 bands x 8 rows"
+    )
+    axes.legend(loc="upper left", fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def main(documents: int, sample_size: int, s_curve_png: Path | None) -> dict:
+    corpus = build_corpus(documents)
+    texts = corpus["text"].to_pylist()
+    print(
+        f"corpus: {corpus.num_rows} documents ({documents} real, the rest planted copies), "
+        f"{sum(len(t) for t in texts) / 1e6:.1f} MB"
+    )
+    sample = sorted(random.Random(1).sample(range(corpus.num_rows), min(sample_size, corpus.num_rows)))
+    truth = true_pairs(texts, sample)
+    print(f"sample: {len(sample)} documents, {len(truth)} pairs with exact Jaccard >= 0.8")
+
+    results = {}
+    for name, path in (
+        ("moe-dag", moe_dag_path),
+        ("datatrove", datatrove_path),
+        ("datasketch", datasketch_path),
+        ("rensa", rensa_path),
+    ):
+        with tempfile.TemporaryDirectory() as folder:
+            labels, cpu, wall = timed(lambda path=path, folder=folder: path(corpus, Path(folder)))
+        duplicates = sum(label != i for i, label in enumerate(labels))
+        precision, recall = (
+            quality(labels, truth, sample) if name != "datatrove" else (float("nan"), float("nan"))
+        )
+        results[name] = {
+            "docs_per_cpu_s": corpus.num_rows / cpu,
+            "wall_s": wall,
+            "precision": precision,
+            "recall": recall,
+        }
+        print(
+            f"{name:>10}: {corpus.num_rows / cpu:8.0f} docs per CPU second ({cpu:6.2f} s CPU, "
+            f"{wall:6.2f} s wall), {duplicates} duplicates, precision {precision:.3f}, recall {recall:.3f}"
+        )
+
+    signatures = signature_speed(corpus)
+    print(
+        "signatures only, after the same vectorised shingling: numpy permutations "
+        f"{signatures['numpy']:.0f} docs/CPU s, rensa permutations {signatures['rensa']:.0f} docs/CPU s "
+        f"({signatures['rensa'] / signatures['numpy']:.1f}x)"
+    )
+    curve = s_curve()
+    print("S-curve over seeded pairs (true Jaccard: share paired by LSH, predicted; share clustered):")
+    for similarity, paired, clustered in curve:
+        predicted = candidate_probability(similarity, CONFIG.num_bands, CONFIG.rows_per_band)
+        print(
+            f"  J = {similarity:.2f}: paired {paired:.2f} (predicted {predicted:.2f}), "
+            f"clustered {clustered:.2f}"
+        )
+    if s_curve_png is not None:
+        plot_s_curve(curve, s_curve_png)
+        print(f"S-curve written to {s_curve_png}")
+
+    ours = results["moe-dag"]["docs_per_cpu_s"]
+    return {
+        "bench": "dedup",
+        "baseline": "datatrove, datasketch, rensa",
+        "documents": corpus.num_rows,
+        "docs_per_s": round(ours, 1),
+        "ratio_vs_datatrove": round(ours / results["datatrove"]["docs_per_cpu_s"], 2),
+        "ratio_vs_datasketch": round(ours / results["datasketch"]["docs_per_cpu_s"], 2),
+        "ratio_vs_rensa": round(ours / results["rensa"]["docs_per_cpu_s"], 2),
+        "precision": round(results["moe-dag"]["precision"], 4),
+        "recall": round(results["moe-dag"]["recall"], 4),
+        "signature_docs_per_s_numpy_permutations": round(signatures["numpy"], 1),
+        "signature_docs_per_s_rensa_permutations": round(signatures["rensa"], 1),
+    }
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--documents", type=int, default=3000, help="real documents before planted copies")
+    parser.add_argument(
+        "--sample", type=int, default=2000, help="documents in the brute-force quality sample"
+    )
+    parser.add_argument("--s-curve-png", type=Path, default=None)
+    args = parser.parse_args()
+    print(json.dumps(main(args.documents, args.sample, args.s_curve_png)))
