@@ -6,8 +6,8 @@
 contiguous and in expert order; `w_ENK` stacks one [N, K] matrix per expert, laid out like
 `nn.Linear.weight` ([out, in]). Three implementations with the same signature:
 
-- `torch._grouped_mm`, where this torch has it for the device and dtype (CPU, and bf16 on Hopper or
-  newer GPUs): one call, autograd included;
+- `torch._grouped_mm`, where this torch has it for the device and dtype (CPU in 16 and 32 bits, bf16
+  on Hopper or newer GPUs): one call, autograd included;
 - `padded_grouped_mm`: scatter each expert's rows into a zero-padded [E, C_max, K] batch, one `bmm`,
   gather back; works everywhere, pays for the padding;
 - `looped_grouped_mm`: one product per expert in a Python loop, the reference the tests compare with.
@@ -26,7 +26,7 @@ def _torch_grouped_mm_supports(x_MK: torch.Tensor) -> bool:
     if not hasattr(torch, "_grouped_mm"):
         return False
     if x_MK.device.type == "cpu":
-        return True
+        return x_MK.dtype in (torch.float32, torch.bfloat16, torch.float16)
     # On CUDA, torch's grouped GEMM is a bf16 Hopper (sm90) kernel and needs 16-byte aligned rows.
     return (
         x_MK.device.type == "cuda"
