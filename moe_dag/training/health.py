@@ -15,9 +15,9 @@ update used) and the layers' `router_stats` into one record per step:
 
 `AnomalyDetector.check(step, loss, model)` runs between backward and the optimizer step. A
 non-finite loss, or one above `spike_factor` x the mean of the last `spike_window` losses, is
-reported with the step and the layer it points to (the first block with a non-finite parameter or
-gradient, else the first MoE layer whose router saw non-finite inputs, else the block with the
-largest gradient norm); with `health.stop_on` covering it, `TrainingAnomaly` stops the run before the
+reported with the step and where it points (for a NaN: the first non-finite weight, else the first
+MoE layer whose router saw non-finite inputs, else the first non-finite gradient; for a spike: the
+block with the largest gradient norm); with `health.stop_on` covering it, `TrainingAnomaly` stops the run before the
 step is applied, so the newest checkpoint stays good.
 """
 
@@ -121,18 +121,18 @@ class AnomalyDetector:
 
 
 def _nan_origin(model: Transformer) -> str:
-    for i, block in enumerate(model.layers):
-        for name, parameter in block.named_parameters():
-            if not torch.isfinite(parameter).all():
-                return f"first non-finite weight in layer {i}: layers.{i}.{name}"
-    for i, block in enumerate(model.layers):
-        for name, parameter in block.named_parameters():
-            if parameter.grad is not None and not torch.isfinite(parameter.grad).all():
-                return f"first non-finite gradient in layer {i}: layers.{i}.{name}"
+    """Where a non-finite loss comes from: a weight, else the first MoE layer whose router saw
+    non-finite inputs (an activation overflow upstream of it), else the first non-finite gradient."""
+    for name, parameter in model.named_parameters():
+        if not torch.isfinite(parameter).all():
+            return f"first non-finite weight: {name}"
     for i, moe in zip(model.moe_layer_indices(), model.moe_layers(), strict=True):
         if moe.router_stats[ROUTER_STATS.index("nonfinite_tokens")] > 0:
             return f"first MoE layer whose router saw non-finite inputs: layer {i}"
-    return "no layer's weights, gradients or router inputs are non-finite: look at the data and the head"
+    for name, parameter in model.named_parameters():
+        if parameter.grad is not None and not torch.isfinite(parameter.grad).all():
+            return f"first non-finite gradient: {name}"
+    return "no weight, router input or gradient is non-finite: look at the data and the head"
 
 
 def _largest_gradient(model: Transformer) -> str:
