@@ -20,12 +20,7 @@ import pytest
 import torch
 
 from moe_dag.training.config import preset
-from moe_dag.training.load_balance import ExpertBiasUpdater
-from moe_dag.training.model import build_model
-from moe_dag.training.optim import build_optimizer, build_scheduler
-from moe_dag.training.precision import build_recipe
-from moe_dag.training.synthetic import SyntheticBatches
-from moe_dag.training.trainer import train_step
+from moe_dag.training.synthetic import train_on_synthetic
 
 GOLDEN = Path(__file__).parent / "golden" / "demo_loss_curve.json"
 STEPS, BATCH, SEQ_LEN, TOLERANCE = 30, 4, 64, 2e-3
@@ -38,23 +33,16 @@ def demo_losses() -> list[float]:
         model=dataclasses.replace(config.model, seq_len=SEQ_LEN),
         train=dataclasses.replace(config.train, steps=STEPS, batch_size=BATCH, seed=0),
     )
-    torch.manual_seed(config.train.seed)
-    model = build_model(config.model)
-    recipe = build_recipe(config.precision)
-    recipe.prepare(model)
-    optimizer = build_optimizer(model, config.optim)
-    ExpertBiasUpdater(model.moe_layers(), config.optim.expert_bias_update_rate).register(optimizer)
-    scheduler = build_scheduler(optimizer, STEPS, config.optim)
-    batches = SyntheticBatches(config.model.vocab_size, SEQ_LEN, batch_size=BATCH, seed=0)
-    device = torch.device("cpu")
-    return [train_step(model, optimizer, scheduler, batches, config, device, recipe)[0] for _ in range(STEPS)]
+    return train_on_synthetic(config, STEPS)
 
 
 def test_demo_preset_reproduces_its_golden_loss_curve() -> None:
     assert torch.get_num_threads() == 1  # set in conftest.py: thread count changes reduction order
     losses = demo_losses()
     if os.environ.get("MOE_DAG_UPDATE_GOLDEN"):
-        GOLDEN.write_text(json.dumps({"steps": STEPS, "batch_size": BATCH, "seq_len": SEQ_LEN, "losses": losses}))
+        GOLDEN.write_text(
+            json.dumps({"steps": STEPS, "batch_size": BATCH, "seq_len": SEQ_LEN, "losses": losses})
+        )
     golden = json.loads(GOLDEN.read_text())
     assert (golden["steps"], golden["batch_size"], golden["seq_len"]) == (STEPS, BATCH, SEQ_LEN)
     assert sum(losses[-5:]) / 5 < losses[0] - 0.05  # a learning curve (warmup is 30 steps), not flat

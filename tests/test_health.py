@@ -20,7 +20,9 @@ from moe_dag.training.trainer import train_step
 
 def tiny_run(health: HealthConfig, n_layers: int = 3):
     config = tiny()
-    config = dataclasses.replace(config, model=dataclasses.replace(config.model, n_layers=n_layers), health=health)
+    config = dataclasses.replace(
+        config, model=dataclasses.replace(config.model, n_layers=n_layers), health=health
+    )
     torch.manual_seed(0)
     model = build_model(config.model)
     optimizer = build_optimizer(model, config.optim)
@@ -68,13 +70,18 @@ def test_nan_is_reported_but_not_fatal_when_configured(caplog: pytest.LogCapture
 
 
 def test_loss_spike_above_the_factor_of_the_running_mean() -> None:
-    detector = AnomalyDetector(HealthConfig(spike_factor=2.0, spike_window=5, spike_min_steps=3, stop_on="nan_or_spike"))
+    detector = AnomalyDetector(
+        HealthConfig(spike_factor=2.0, spike_window=5, spike_min_steps=3, stop_on="nan_or_spike")
+    )
     model = build_model(tiny().model)
     for number, loss in enumerate([4.0, 4.2, 3.8, 4.0], start=1):
         detector.check(number, loss, model)
     detector.check(5, 7.9, model)  # below 2 x 4.0
-    with pytest.raises(TrainingAnomaly, match=r"step 6: loss spike 12.0000 > 2.0 x running mean .* \(largest "
-                       r"gradient: no gradients\)"):
+    with pytest.raises(
+        TrainingAnomaly,
+        match=r"step 6: loss spike 12.0000 > 2.0 x running mean .* \(largest "
+        r"gradient: no gradients\)",
+    ):
         detector.check(6, 12.0, model)
 
 

@@ -113,7 +113,9 @@ def test_parameter_counter_matches_formula(name: str, pattern: tuple[str, ...] |
     ("name", "total_billions", "active_billions"),
     [("proxy-1b", 1.0, 0.4), ("7b2a", 7.0, 2.0), ("16b4a", 16.0, 4.0)],
 )
-def test_production_presets_have_their_named_sizes(name: str, total_billions: float, active_billions: float) -> None:
+def test_production_presets_have_their_named_sizes(
+    name: str, total_billions: float, active_billions: float
+) -> None:
     config = preset(name).model
     with torch.device("meta"):  # shapes only: no memory is allocated
         counted = count_parameters(Transformer(config), config)

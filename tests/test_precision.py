@@ -21,8 +21,7 @@ from moe_dag.training.model import build_model
 from moe_dag.training.precision import build_recipe
 from moe_dag.training.precision.emulated import QuantizedLinear, quantized_grouped_mm, quantized_linear
 from moe_dag.training.precision.formats import FP8, NVFP4, fake_quantize, round_to_e2m1
-from moe_dag.training.synthetic import SyntheticBatches
-from moe_dag.training.trainer import train_step
+from moe_dag.training.synthetic import train_on_synthetic
 
 
 def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -48,7 +47,13 @@ def test_fp8_tiles_share_one_scale_and_round_to_e4m3() -> None:
 
 def test_nvfp4_rounds_to_the_e2m1_grid_with_16_wide_blocks() -> None:
     assert round_to_e2m1(torch.tensor([0.2, 0.3, 1.2, 2.6, 5.1, 9.0, -4.4])).tolist() == [
-        0.0, 0.5, 1.0, 3.0, 6.0, 6.0, -4.0
+        0.0,
+        0.5,
+        1.0,
+        3.0,
+        6.0,
+        6.0,
+        -4.0,
     ]
     torch.manual_seed(0)
     x = torch.randn(4, 64)
@@ -82,7 +87,9 @@ def test_emulated_grouped_experts_match_the_quantized_per_expert_loop() -> None:
     x_MK = torch.randn(160, 128)
     w_ENK = torch.randn(4, 256, 128) / 11
     grouped = quantized_grouped_mm(x_MK, w_ENK, counts_E, fmt=FP8)
-    looped = looped_grouped_mm(fake_quantize(x_MK, (1, 128), FP8), fake_quantize(w_ENK, (128, 128), FP8), counts_E)
+    looped = looped_grouped_mm(
+        fake_quantize(x_MK, (1, 128), FP8), fake_quantize(w_ENK, (128, 128), FP8), counts_E
+    )
     torch.testing.assert_close(grouped, looped)
     assert relative_error(grouped, looped_grouped_mm(x_MK, w_ENK, counts_E)) < 0.05
 
@@ -109,19 +116,7 @@ def losses_under(recipe_name: str, steps: int) -> list[float]:
         precision=dataclasses.replace(config.precision, recipe=recipe_name),
         train=dataclasses.replace(config.train, batch_size=2, steps=steps),
     )
-    from moe_dag.training.load_balance import ExpertBiasUpdater
-    from moe_dag.training.optim import build_optimizer, build_scheduler
-
-    torch.manual_seed(0)
-    model = build_model(config.model)
-    recipe = build_recipe(config.precision)
-    recipe.prepare(model)
-    optimizer = build_optimizer(model, config.optim)
-    ExpertBiasUpdater(model.moe_layers(), config.optim.expert_bias_update_rate).register(optimizer)
-    scheduler = build_scheduler(optimizer, steps, config.optim)
-    batches = SyntheticBatches(config.model.vocab_size, config.model.seq_len, batch_size=2, seed=0)
-    device = torch.device("cpu")
-    return [train_step(model, optimizer, scheduler, batches, config, device, recipe)[0] for _ in range(steps)]
+    return train_on_synthetic(config, steps)
 
 
 @pytest.mark.slow

@@ -112,7 +112,11 @@ def test_loss_falls_on_a_repeating_dataset(repeating_data: Path, tmp_path: Path)
         ["optim.name=muon"],
         ["precision.recipe=bf16"],
         ["precision.recipe=fp8-emulated", "optim.name=muon"],
-        ["precision.recipe=nvfp4-emulated", "model.attention_pattern=kda,mla", "model.router_z_loss_coef=1e-3"],
+        [
+            "precision.recipe=nvfp4-emulated",
+            "model.attention_pattern=kda,mla",
+            "model.router_z_loss_coef=1e-3",
+        ],
     ],
 )
 def test_resuming_reproduces_the_uninterrupted_losses_exactly(
@@ -191,7 +195,16 @@ def test_command_line_trains_and_writes_every_output(repeating_data: Path, tmp_p
     assert summary["params"]["total"] == sum(summary["params"]["groups"].values())
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(1, 7))
-    assert set(records[0]) == {"step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "load_imbalance", "router"}
+    assert set(records[0]) == {
+        "step",
+        "loss",
+        "lr",
+        "grad_norm",
+        "tokens_per_s",
+        "mfu",
+        "load_imbalance",
+        "router",
+    }
     assert len(records[0]["load_imbalance"]) == 1  # tiny has one MoE layer
     assert records[0]["router"]["layers"] == [1] and 0 < records[0]["mfu"] < 1
     assert "GFLOP per token" in result.stderr and "MFU" in result.stderr

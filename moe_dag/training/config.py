@@ -310,7 +310,9 @@ def _replaced(node: Any, path: list[str], raw: str, item: str) -> Any:
     name = path[0]
     if name not in hints:
         if isinstance(node, Config):
-            raise ValueError(f"override {item!r} must look like section.field=value, section in {list(hints)}")
+            raise ValueError(
+                f"override {item!r} must look like section.field=value, section in {list(hints)}"
+            )
         raise ValueError(f"override {item!r}: {type(node).__name__} has no field {name!r}")
     if len(path) > 1:
         child = getattr(node, name)

@@ -17,8 +17,8 @@ update used) and the layers' `router_stats` into one record per step:
 non-finite loss, or one above `spike_factor` x the mean of the last `spike_window` losses, is
 reported with the step and where it points (for a NaN: the first non-finite weight, else the first
 MoE layer whose router saw non-finite inputs, else the first non-finite gradient; for a spike: the
-block with the largest gradient norm); with `health.stop_on` covering it, `TrainingAnomaly` stops the run before the
-step is applied, so the newest checkpoint stays good.
+block with the largest gradient norm); with `health.stop_on` covering it, `TrainingAnomaly` stops
+the run before the step is applied, so the newest checkpoint stays good.
 """
 
 from __future__ import annotations
@@ -51,7 +51,9 @@ class RouterHealth:
     ) -> None:
         self.moe_layers, self.layers = model.moe_layers(), model.moe_layer_indices()
         self.all_reduce = all_reduce
-        self.recent_loads: collections.deque[torch.Tensor] = collections.deque(maxlen=config.dead_expert_window)
+        self.recent_loads: collections.deque[torch.Tensor] = collections.deque(
+            maxlen=config.dead_expert_window
+        )
 
     def replay(self, records: list[dict[str, Any]]) -> None:
         """Refill the dead-expert window from logged steps (on resume)."""
@@ -102,7 +104,9 @@ class AnomalyDetector:
         """Raise `TrainingAnomaly` or log a warning for a NaN or a spike; else remember the loss."""
         config = self.config
         if not math.isfinite(loss):
-            self._report(f"step {step}: loss is {loss} ({_nan_origin(model)})", stop=config.stop_on != "never")
+            self._report(
+                f"step {step}: loss is {loss} ({_nan_origin(model)})", stop=config.stop_on != "never"
+            )
             return
         if len(self.recent_losses) >= config.spike_min_steps:
             mean = sum(self.recent_losses) / len(self.recent_losses)

@@ -90,7 +90,9 @@ class Router(nn.Module):
             expert_NK = torch.topk(scores_NE.detach() + self.expert_bias_E, self.top_k, dim=-1).indices
             gate_NK = scores_NE.gather(-1, expert_NK)
             gate_NK = gate_NK / gate_NK.sum(dim=-1, keepdim=True)
-        return RouterOutput(expert_NK=expert_NK, gate_NK=gate_NK, logits_NE=logits_NE, affinity_NE=affinity_NE)
+        return RouterOutput(
+            expert_NK=expert_NK, gate_NK=gate_NK, logits_NE=logits_NE, affinity_NE=affinity_NE
+        )
 
 
 def sequence_balance_loss(affinity_BSE: torch.Tensor, expert_BSK: torch.Tensor) -> torch.Tensor:

@@ -65,7 +65,9 @@ def parameter_groups(model: nn.Module) -> dict[str, list[nn.Parameter]]:
             group = group_of.get(id(parameter), "scalars")
         groups[group].append(parameter)
     seen = [id(p) for members in groups.values() for p in members]
-    assert len(seen) == len(set(seen)) == len(list(model.parameters())), "a parameter is in zero or two groups"
+    assert len(seen) == len(set(seen)) == len(list(model.parameters())), (
+        "a parameter is in zero or two groups"
+    )
     return groups
 
 
@@ -131,7 +133,12 @@ class Muon(torch.optim.Optimizer):
         weight_decay: float = 0.0,
     ) -> None:
         defaults = dict(
-            lr=lr, momentum=momentum, ns_steps=ns_steps, betas=betas, eps=eps, weight_decay=weight_decay,
+            lr=lr,
+            momentum=momentum,
+            ns_steps=ns_steps,
+            betas=betas,
+            eps=eps,
+            weight_decay=weight_decay,
             use_muon=False,
         )
         super().__init__(params, defaults)
@@ -180,8 +187,20 @@ class Muon(torch.optim.Optimizer):
             return
         beta1, beta2 = group["betas"]
         adamw(
-            params, grads, exp_avgs, exp_avg_sqs, [], steps, foreach=True, amsgrad=False, beta1=beta1,
-            beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"], eps=group["eps"], maximize=False,
+            params,
+            grads,
+            exp_avgs,
+            exp_avg_sqs,
+            [],
+            steps,
+            foreach=True,
+            amsgrad=False,
+            beta1=beta1,
+            beta2=beta2,
+            lr=group["lr"],
+            weight_decay=group["weight_decay"],
+            eps=group["eps"],
+            maximize=False,
         )
 
 

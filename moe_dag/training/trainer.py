@@ -143,7 +143,9 @@ def _build(config: Config, data_dir: Path, info: distributed.DistInfo) -> _Parts
     recipe.prepare(model)
     optimizer = build_optimizer(model, config.optim)
     all_reduce = distributed.all_reduce_sum if info.world_size > 1 else None
-    balancer = ExpertBiasUpdater(model.moe_layers(), config.optim.expert_bias_update_rate, all_reduce=all_reduce)
+    balancer = ExpertBiasUpdater(
+        model.moe_layers(), config.optim.expert_bias_update_rate, all_reduce=all_reduce
+    )
     balancer.register(optimizer)
     batches = TrainBatches(
         data_dir,
@@ -308,7 +310,8 @@ def _flat(record: dict[str, Any]) -> dict[str, float]:
     router = record.get("router")
     if router is not None:
         for key in ("max_over_mean", "dead_experts", "entropy", "bias_min", "bias_max", "dropped_fraction"):
-            flat.update({f"router/{key}/layer_{layer}": v for layer, v in zip(router["layers"], router[key])})
+            values = zip(router["layers"], router[key], strict=True)
+            flat.update({f"router/{key}/layer_{layer}": value for layer, value in values})
     return flat
 
 

@@ -47,7 +47,11 @@ from moe_dag.training.config import ModelConfig
 
 
 def kda_recurrent(
-    q_BHSC: torch.Tensor, k_BHSC: torch.Tensor, v_BHSC: torch.Tensor, g_BHSC: torch.Tensor, beta_BHS: torch.Tensor
+    q_BHSC: torch.Tensor,
+    k_BHSC: torch.Tensor,
+    v_BHSC: torch.Tensor,
+    g_BHSC: torch.Tensor,
+    beta_BHS: torch.Tensor,
 ) -> torch.Tensor:
     """The rule token by token: the reference."""
     B, H, S, C = q_BHSC.shape
@@ -99,7 +103,9 @@ def kda_chunked(
     for i in range(K):
         u_BHLV = u_tilde_BHKLV[:, :, i] - w_BHKLC[:, :, i] @ state_BHCV
         outputs.append(q_decayed[:, :, i] @ state_BHCV + A_qk[:, :, i] @ u_BHLV)
-        state_BHCV = G_BHKLC[:, :, i, -1, :, None].exp() * state_BHCV + k_to_end[:, :, i].transpose(-2, -1) @ u_BHLV
+        state_BHCV = (
+            G_BHKLC[:, :, i, -1, :, None].exp() * state_BHCV + k_to_end[:, :, i].transpose(-2, -1) @ u_BHLV
+        )
     return torch.cat(outputs, dim=2)[:, :, :S]
 
 
@@ -176,7 +182,9 @@ class KimiDeltaAttention(nn.Module):
         fused = _fla_chunk_kda() if x_BSD.is_cuda else None
         if fused is not None:
             o_BSHC, _ = fused(
-                *(t.transpose(1, 2).contiguous() for t in (q, k, v, g)), beta.transpose(1, 2).contiguous(), scale=1.0
+                *(t.transpose(1, 2).contiguous() for t in (q, k, v, g)),
+                beta.transpose(1, 2).contiguous(),
+                scale=1.0,
             )
             return self._output(o_BSHC.transpose(1, 2), x_BSD)
         with torch.autocast(x_BSD.device.type, enabled=False):

@@ -33,7 +33,13 @@ from moe_dag.training.config import ModelConfig
 class NativeSparseAttention(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        D, H, G, C, L = config.d_model, config.n_heads, config.n_kv_heads, config.head_dim, config.nsa.block_size
+        D, H, G, C, L = (
+            config.d_model,
+            config.n_heads,
+            config.n_kv_heads,
+            config.head_dim,
+            config.nsa.block_size,
+        )
         self.n_heads, self.n_kv_heads, self.head_dim = H, G, C
         self.block_size, self.num_selected, self.window = L, config.nsa.num_selected, config.nsa.window
         self.wq = nn.Linear(D, H * C, bias=False)
@@ -101,11 +107,17 @@ class NativeSparseAttention(nn.Module):
             )
             importance_BGSP = importance_BGSP.masked_fill(forced_SP, float("inf"))
             chosen_BGSK = importance_BGSP.topk(min(self.num_selected, P), dim=-1).indices
-            selected_BGSP = torch.zeros_like(importance_BGSP, dtype=torch.bool).scatter_(-1, chosen_BGSK, True)
+            selected_BGSP = torch.zeros_like(importance_BGSP, dtype=torch.bool).scatter_(
+                -1, chosen_BGSK, True
+            )
             causal_SS = t_S[None, :] <= t_S[:, None]
             allowed_BGSS = selected_BGSP[..., block_S] & causal_SS
         o_slc_BHSC = F.scaled_dot_product_attention(
-            q_BHSC, k_BGSC, v_BGSC, attn_mask=allowed_BGSS.repeat_interleave(group, dim=1), enable_gqa=group > 1
+            q_BHSC,
+            k_BGSC,
+            v_BGSC,
+            attn_mask=allowed_BGSS.repeat_interleave(group, dim=1),
+            enable_gqa=group > 1,
         )
 
         # 3. sliding-window branch.
@@ -147,7 +159,9 @@ class NativeSparseAttention(nn.Module):
                     o_cmp = attend(q_C, k_cmp_BGNC[b, g, :complete], v_cmp_BGNC[b, g, :complete])
                     importance = sum(probs[i] for i in range(g * group, (g + 1) * group))
                     ranked = [int(n) for n in torch.argsort(importance, descending=True, stable=True)]
-                    chosen = _first_selected(blocks_forced=(0, t // L), ranked=ranked, count=self.num_selected)
+                    chosen = _first_selected(
+                        blocks_forced=(0, t // L), ranked=ranked, count=self.num_selected
+                    )
                     keys = [s for n in chosen for s in range(n * L, min((n + 1) * L, t + 1))]
                     o_slc = attend(q_C, k_BGSC[b, g, keys], v_BGSC[b, g, keys])
                     start = max(0, t - self.window + 1)

@@ -5,10 +5,10 @@ x is cut into tiles of `block` = (rows, cols) over its last two dimensions; each
 so that its largest magnitude maps to the format's largest value; values are divided by the scale,
 rounded to the format, and multiplied back.
 
-| format  | values             | activation and gradient tiles | weight blocks | scales                      |
-| ------- | ------------------ | ----------------------------- | ------------- | --------------------------- |
-| fp8     | e4m3, max 448      | 1 x 128                       | 128 x 128     | fp32 (DeepSeek-V3 sec. 3.3) |
-| nvfp4   | e2m1, max 6        | 1 x 16                        | 16 x 16       | e4m3 per block x fp32 per tensor (NVIDIA NVFP4) |
+| format | values        | activation, gradient tiles | weight blocks | scales                           |
+| ------ | ------------- | -------------------------- | ------------- | -------------------------------- |
+| fp8    | e4m3, max 448 | 1 x 128                    | 128 x 128     | fp32 (DeepSeek-V3 sec. 3.3)      |
+| nvfp4  | e2m1, max 6   | 1 x 16                     | 16 x 16       | e4m3 per block, fp32 per tensor  |
 
 Emulation rounds exactly as the hardware formats do (round to nearest, saturating at the maximum);
 what it does not reproduce is the GEMM's internal accumulation order, which here is full fp32.
@@ -60,10 +60,18 @@ class BlockFormat:
 
 
 FP8 = BlockFormat(
-    name="fp8", activation_block=(1, 128), weight_block=(128, 128), round_values=round_to_e4m3, scales=_fp8_scales
+    name="fp8",
+    activation_block=(1, 128),
+    weight_block=(128, 128),
+    round_values=round_to_e4m3,
+    scales=_fp8_scales,
 )
 NVFP4 = BlockFormat(
-    name="nvfp4", activation_block=(1, 16), weight_block=(16, 16), round_values=round_to_e2m1, scales=_nvfp4_scales
+    name="nvfp4",
+    activation_block=(1, 16),
+    weight_block=(16, 16),
+    round_values=round_to_e2m1,
+    scales=_nvfp4_scales,
 )
 
 

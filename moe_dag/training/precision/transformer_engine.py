@@ -7,10 +7,10 @@ autocast with the chosen recipe:
 
 | precision.recipe | precision.fp8_scaling | TE recipe                                                  |
 | ---------------- | --------------------- | ---------------------------------------------------------- |
-| fp8              | delayed               | DelayedScaling (per-tensor scales from an amax history)    |
-| fp8              | current               | Float8CurrentScaling (per-tensor scales of this step)      |
-| fp8              | block                 | Float8BlockScaling (1x128 and 128x128 blocks; Hopper, CUDA 12.9+) |
-| nvfp4            | -                     | NVFP4BlockScaling (Blackwell)                              |
+| fp8              | delayed               | DelayedScaling (per-tensor scales from an amax history)   |
+| fp8              | current               | Float8CurrentScaling (per-tensor scales of this step)     |
+| fp8              | block                 | Float8BlockScaling (1x128 / 128x128; Hopper, CUDA 12.9+)  |
+| nvfp4            | -                     | NVFP4BlockScaling (Blackwell)                             |
 
 FP8 GEMMs need dimensions divisible by 16: a linear layer that is not stays in bf16, and expert row
 groups are padded to the recipe's alignment (te.Fp8Padding / te.Fp8Unpadding).
@@ -54,7 +54,9 @@ def te_recipe(config: PrecisionConfig) -> Any:
     if config.recipe == "nvfp4":
         return recipe.NVFP4BlockScaling()
     if config.fp8_scaling == "delayed":
-        return recipe.DelayedScaling(fp8_format=recipe.Format.HYBRID, amax_history_len=1024, amax_compute_algo="max")
+        return recipe.DelayedScaling(
+            fp8_format=recipe.Format.HYBRID, amax_history_len=1024, amax_compute_algo="max"
+        )
     if config.fp8_scaling == "current":
         return recipe.Float8CurrentScaling(fp8_format=recipe.Format.HYBRID)
     return recipe.Float8BlockScaling(fp8_format=recipe.Format.E4M3)
@@ -98,7 +100,10 @@ def convert(model: Transformer, config: PrecisionConfig) -> None:
                 log.info("%s stays in bf16: FP8 GEMMs need sizes divisible by 16", name)
                 continue
             replacement = te.Linear(
-                linear.in_features, linear.out_features, bias=False, params_dtype=torch.float32,
+                linear.in_features,
+                linear.out_features,
+                bias=False,
+                params_dtype=torch.float32,
                 device=linear.weight.device,
             )
             with torch.no_grad():
