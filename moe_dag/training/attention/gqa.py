@@ -7,6 +7,7 @@ C channels per head.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -97,30 +98,17 @@ def _mixing_flops(config: ModelConfig, seq_len: int, window: int | None) -> floa
     return 4 * config.n_heads * config.head_dim * causal_context(seq_len, window)
 
 
-register(
-    "mha",
-    AttentionSpec(
-        build=lambda c: GroupedQueryAttention(c, n_kv_heads=c.n_heads, window=None),
-        num_parameters=lambda c: _parameters(c, c.n_heads),
-        mixing_flops=lambda c, s: _mixing_flops(c, s, None),
+def _spec(
+    kv_heads: Callable[[ModelConfig], int], window: Callable[[ModelConfig], int | None]
+) -> AttentionSpec:
+    return AttentionSpec(
+        build=lambda c: GroupedQueryAttention(c, n_kv_heads=kv_heads(c), window=window(c)),
+        num_parameters=lambda c: _parameters(c, kv_heads(c)),
+        mixing_flops=lambda c, s: _mixing_flops(c, s, window(c)),
         rotary_dim=lambda c: c.head_dim,
-    ),
-)
-register(
-    "gqa",
-    AttentionSpec(
-        build=lambda c: GroupedQueryAttention(c, n_kv_heads=c.n_kv_heads, window=None),
-        num_parameters=lambda c: _parameters(c, c.n_kv_heads),
-        mixing_flops=lambda c, s: _mixing_flops(c, s, None),
-        rotary_dim=lambda c: c.head_dim,
-    ),
-)
-register(
-    "swa",
-    AttentionSpec(
-        build=lambda c: GroupedQueryAttention(c, n_kv_heads=c.n_kv_heads, window=c.sliding_window),
-        num_parameters=lambda c: _parameters(c, c.n_kv_heads),
-        mixing_flops=lambda c, s: _mixing_flops(c, s, c.sliding_window),
-        rotary_dim=lambda c: c.head_dim,
-    ),
-)
+    )
+
+
+register("mha", _spec(lambda c: c.n_heads, lambda c: None))
+register("gqa", _spec(lambda c: c.n_kv_heads, lambda c: None))
+register("swa", _spec(lambda c: c.n_kv_heads, lambda c: c.sliding_window))

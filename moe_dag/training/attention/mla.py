@@ -29,6 +29,10 @@ from moe_dag.training.attention.rotary import Rotary
 from moe_dag.training.config import ModelConfig
 
 
+def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 def _dims(config: ModelConfig) -> tuple[int, int, int]:
     mla = config.mla
     nope = mla.qk_nope_head_dim or config.head_dim
@@ -65,14 +69,18 @@ class MultiHeadLatentAttention(nn.Module):
     def _queries(self, x_BSD: torch.Tensor, rotary: Rotary) -> tuple[torch.Tensor, torch.Tensor]:
         B, S, _ = x_BSD.shape
         # Norms in fp32: under autocast the latents arrive in bf16.
-        q = self.wq_b(self.q_norm(self.wq_a(x_BSD).float())) if hasattr(self, "wq_a") else self.wq(x_BSD)
+        q = (
+            self.wq_b(self.q_norm(_at_least_fp32(self.wq_a(x_BSD))))
+            if hasattr(self, "wq_a")
+            else self.wq(x_BSD)
+        )
         q_BHSX = q.view(B, S, self.n_heads, -1).transpose(1, 2)
         q_nope_BHSN, q_rope_BHSR = q_BHSX.split((self.nope_dim, self.rope_dim), dim=-1)
         return q_nope_BHSN, rotary(q_rope_BHSR)
 
     def _latents(self, x_BSD: torch.Tensor, rotary: Rotary) -> tuple[torch.Tensor, torch.Tensor]:
         c_kv_BSL, k_rope_BSR = self.wkv_a(x_BSD).split((self.kv_lora_rank, self.rope_dim), dim=-1)
-        return self.kv_norm(c_kv_BSL.float()), rotary(k_rope_BSR.unsqueeze(1))  # k_rope: [B, 1, S, R]
+        return self.kv_norm(_at_least_fp32(c_kv_BSL)), rotary(k_rope_BSR.unsqueeze(1))  # k_rope: [B, 1, S, R]
 
     def _scale(self) -> float:
         return 1 / math.sqrt(self.nope_dim + self.rope_dim)
