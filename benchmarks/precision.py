@@ -45,7 +45,8 @@ def main() -> None:
         final[recipe] = sum(losses[-10:]) / len(losses[-10:])
         print(
             f"{recipe:>13}: loss {losses[0]:.4f} -> {final[recipe]:.4f} (mean of last 10)  "
-            f"{seconds / args.steps * 1e3:.0f} ms/step"
+            f"{seconds / args.steps * 1e3:.0f} ms/step",
+            flush=True,
         )
     result = {
         "bench": "precision",
