@@ -1,4 +1,4 @@
-"""The transformer: shapes, causality, attention variants, initialisation, parameter counts, config."""
+"""The transformer: shapes, causality, initialisation, parameter and FLOP counts, presets, config."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import dataclasses
 import pytest
 import torch
 
-from moe_dag.training.attention import GroupedQueryAttention, rotary_tables, sliding_window_mask
-from moe_dag.training.config import Config, ModelConfig, apply_overrides, moe_7b2a, moe_16b4a, preset, tiny
+from moe_dag.training.attention.gqa import GroupedQueryAttention, sliding_window_mask
+from moe_dag.training.config import Config, ModelConfig, apply_overrides, preset, preset_names, tiny
 from moe_dag.training.model import Transformer, build_model
-from moe_dag.training.params import count_parameters, parameter_formula
+from moe_dag.training.params import count_parameters, flops_per_token, parameter_formula
 
 
 def tiny_model(**changes: object) -> Transformer:
@@ -27,7 +27,7 @@ def test_forward_shape_and_dtype() -> None:
     assert torch.isfinite(logits).all()
 
 
-@pytest.mark.parametrize("pattern", [("gqa",), ("mha",), ("swa",), ("swa", "gqa")])
+@pytest.mark.parametrize("pattern", [("gqa",), ("mha",), ("swa",), ("swa", "gqa"), ("kda", "mla"), ("nsa",)])
 def test_future_tokens_do_not_change_past_logits(pattern: tuple[str, ...]) -> None:
     model = tiny_model(attention_pattern=pattern, sliding_window=4)
     tokens = torch.randint(0, model.config.vocab_size, (2, 24))
@@ -40,15 +40,13 @@ def test_future_tokens_do_not_change_past_logits(pattern: tuple[str, ...]) -> No
 
 
 def test_sliding_window_sees_only_recent_positions() -> None:
-    config = dataclasses.replace(tiny().model, sliding_window=3)
-    torch.manual_seed(0)
-    attention = GroupedQueryAttention(config, n_kv_heads=config.n_kv_heads, window=3)
-    cos, sin = rotary_tables(config.seq_len, config.head_dim, config.rope_theta, torch.device("cpu"))
-    x = torch.randn(1, 12, config.d_model)
+    model = tiny_model(attention_pattern=("swa",), sliding_window=3)
+    attention, rotary = model.layers[0].attn, model.rotary
+    x = torch.randn(1, 12, model.config.d_model)
     changed = x.clone()
     changed[:, 5] += 1.0  # visible from queries 5, 6 and 7 only
     with torch.no_grad():
-        delta = (attention(changed, cos, sin) - attention(x, cos, sin)).abs().amax(dim=-1)[0]
+        delta = (attention(changed, rotary) - attention(x, rotary)).abs().amax(dim=-1)[0]
     assert delta[:5].max() == 0 and delta[8:].max() == 0
     assert (delta[5:8] > 0).all()
     assert sliding_window_mask(4, 2, torch.device("cpu")).int().tolist() == [
@@ -61,7 +59,8 @@ def test_sliding_window_sees_only_recent_positions() -> None:
 
 def test_grouped_query_attention_equals_repeated_heads() -> None:
     """GQA through SDPA's enable_gqa matches MHA whose key/value heads are repeated per group."""
-    config = tiny().model
+    model = tiny_model()
+    config, rotary = model.config, model.rotary
     torch.manual_seed(0)
     gqa = GroupedQueryAttention(config, n_kv_heads=1, window=None)
     mha = GroupedQueryAttention(config, n_kv_heads=config.n_heads, window=None)
@@ -70,9 +69,8 @@ def test_grouped_query_attention_equals_repeated_heads() -> None:
         mha.wo.weight.copy_(gqa.wo.weight)
         mha.wk.weight.copy_(gqa.wk.weight.repeat(config.n_heads, 1))
         mha.wv.weight.copy_(gqa.wv.weight.repeat(config.n_heads, 1))
-        cos, sin = rotary_tables(config.seq_len, config.head_dim, config.rope_theta, torch.device("cpu"))
         x = torch.randn(2, 9, config.d_model)
-        torch.testing.assert_close(gqa(x, cos, sin), mha(x, cos, sin))
+        torch.testing.assert_close(gqa(x, rotary), mha(x, rotary))
 
 
 def test_init_weights_follows_its_table() -> None:
@@ -94,9 +92,15 @@ def test_init_weights_follows_its_table() -> None:
     )
 
 
-@pytest.mark.parametrize("name", ["tiny", "demo"])
-def test_parameter_counter_matches_formula(name: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "pattern"),
+    [("tiny", None), ("demo", None), ("tiny", ("mha", "swa", "mla", "nsa", "kda")), ("tiny", ("mla", "mla"))],
+)
+def test_parameter_counter_matches_formula(name: str, pattern: tuple[str, ...] | None) -> None:
     config = preset(name).model
+    if pattern:
+        mla = dataclasses.replace(config.mla, q_lora_rank=8)  # the compressed-query variant
+        config = dataclasses.replace(config, attention_pattern=pattern, n_layers=len(pattern), mla=mla)
     model = build_model(config)
     counted, formula = count_parameters(model, config), parameter_formula(config)
     assert counted == formula
@@ -106,17 +110,33 @@ def test_parameter_counter_matches_formula(name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("make", "total_billions", "active_billions"), [(moe_7b2a, 7.0, 2.0), (moe_16b4a, 16.0, 4.0)]
+    ("name", "total_billions", "active_billions"),
+    [("proxy-1b", 1.0, 0.4), ("7b2a", 7.0, 2.0), ("16b4a", 16.0, 4.0)],
 )
 def test_production_presets_have_their_named_sizes(
-    make, total_billions: float, active_billions: float
+    name: str, total_billions: float, active_billions: float
 ) -> None:
-    config = make().model
+    config = preset(name).model
     with torch.device("meta"):  # shapes only: no memory is allocated
         counted = count_parameters(Transformer(config), config)
     assert counted == parameter_formula(config)
     assert counted.total / 1e9 == pytest.approx(total_billions, rel=0.08)
     assert counted.active / 1e9 == pytest.approx(active_billions, rel=0.08)
+    # 6 FLOPs per multiplying active parameter plus attention: a little above 6 x active.
+    non_embedding = counted.active - counted.groups["embedding"]
+    assert 6 * non_embedding < flops_per_token(config) < 6 * non_embedding * 1.6
+
+
+def test_presets_load_and_a_variant_changes_only_its_fields(tmp_path) -> None:
+    assert preset_names()[:1] and {"tiny", "demo", "proxy-1b", "7b2a", "16b4a"} <= set(preset_names())
+    base, variant = preset("7b2a"), preset("16b4a")
+    assert variant.model.d_model == 3072 and variant.model.num_experts == base.model.num_experts
+    assert variant.precision.recipe == base.precision.recipe == "fp8"
+    (tmp_path / "bad.yaml").write_text("model:\n  widht: 3\n")
+    with pytest.raises(ValueError, match=r"bad.yaml: model.: ModelConfig has no field 'widht'"):
+        preset(str(tmp_path / "bad.yaml"))
+    with pytest.raises(ValueError, match="unknown preset 'nope'"):
+        preset("nope")
 
 
 def test_overrides_are_typed_and_checked() -> None:
@@ -128,6 +148,11 @@ def test_overrides_are_typed_and_checked() -> None:
     assert config.model.attention_pattern == ("swa", "gqa")
     assert apply_overrides(config, ["optim.grad_clip=none"]).optim.grad_clip is None
     assert Config.from_dict(config.to_dict()) == config
+    nested = apply_overrides(config, ["model.mla.kv_lora_rank=8", "precision.recipe=fp8-emulated"])
+    assert nested.model.mla.kv_lora_rank == 8 and nested.precision.recipe == "fp8-emulated"
+    assert Config.from_dict(nested.to_dict()) == nested
+    with pytest.raises(ValueError, match="'mla' is a section"):
+        apply_overrides(tiny(), ["model.mla=3"])
     with pytest.raises(ValueError, match="has no field 'topk'"):
         apply_overrides(tiny(), ["model.topk=1"])
     with pytest.raises(ValueError, match="not one of"):
@@ -141,5 +166,5 @@ def test_overrides_are_typed_and_checked() -> None:
 def test_model_config_rejects_bad_shapes() -> None:
     with pytest.raises(ValueError, match="n_kv_heads"):
         ModelConfig(n_heads=4, n_kv_heads=3, d_model=64)
-    with pytest.raises(ValueError, match="attention_pattern entry 'mla'"):
-        ModelConfig(attention_pattern=("mla",))
+    with pytest.raises(ValueError, match="attention_pattern entry 'flash'"):
+        ModelConfig(attention_pattern=("flash",))

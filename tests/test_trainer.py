@@ -17,10 +17,8 @@ import pytest
 import torch
 
 from moe_dag.training.checkpoint import list_checkpoints
-from moe_dag.training.config import Config, OptimConfig, apply_overrides, tiny
+from moe_dag.training.config import Config, apply_overrides, tiny
 from moe_dag.training.data import TrainBatches
-from moe_dag.training.model import build_model
-from moe_dag.training.optim import lr_multiplier, parameter_groups
 from moe_dag.training.tracking import resolve_mode
 from moe_dag.training.trainer import train
 
@@ -97,27 +95,6 @@ def test_a_malformed_mixture_is_reported_with_its_file(tmp_path: Path) -> None:
         TrainBatches(data, batch_size=2, seed=0)
 
 
-def test_every_parameter_lands_in_exactly_one_optimizer_group() -> None:
-    model = build_model(tiny().model)
-    decay, no_decay = parameter_groups(model)
-    names = {id(p): name for name, p in model.named_parameters()}
-    assert {names[id(p)] for p in no_decay} >= {
-        "tok_embeddings.weight",
-        "norm.weight",
-        "layers.1.ffn.output_norm_scale",
-    }
-    assert all(p.ndim >= 2 for p in decay) and "output.weight" in {names[id(p)] for p in decay}
-    assert len(decay) + len(no_decay) == len(names)
-
-
-def test_learning_rate_warms_up_then_decays_to_the_floor() -> None:
-    config = OptimConfig(warmup_steps=10, min_lr_ratio=0.1)
-    assert lr_multiplier(0, 100, config) == pytest.approx(0.1)
-    assert lr_multiplier(9, 100, config) == pytest.approx(1.0)
-    assert lr_multiplier(55, 100, config) == pytest.approx(0.55)
-    assert lr_multiplier(100, 100, config) == pytest.approx(0.1)
-
-
 def test_loss_falls_on_a_repeating_dataset(repeating_data: Path, tmp_path: Path) -> None:
     summary = train(fast_config(50, checkpoint_every=50), repeating_data, tmp_path / "run")
     losses = [
@@ -128,9 +105,25 @@ def test_loss_falls_on_a_repeating_dataset(repeating_data: Path, tmp_path: Path)
     assert summary["final_train_loss_mean_last_10"] < 0.5 * losses[0]
 
 
-def test_resuming_reproduces_the_uninterrupted_losses_exactly(repeating_data: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [],
+        ["optim.name=muon"],
+        ["precision.recipe=bf16"],
+        ["precision.recipe=fp8-emulated", "optim.name=muon"],
+        [
+            "precision.recipe=nvfp4-emulated",
+            "model.attention_pattern=kda,mla",
+            "model.router_z_loss_coef=1e-3",
+        ],
+    ],
+)
+def test_resuming_reproduces_the_uninterrupted_losses_exactly(
+    repeating_data: Path, tmp_path: Path, overrides: list[str]
+) -> None:
     out = tmp_path / "run"
-    config = fast_config(8, checkpoint_every=4, keep_checkpoints=3)
+    config = apply_overrides(fast_config(8, checkpoint_every=4, keep_checkpoints=3), overrides)
     train(config, repeating_data, out)
     uninterrupted = (out / "metrics.jsonl").read_text().splitlines()
     assert [p.name for p in list_checkpoints(out)] == ["step_4", "step_8"]
@@ -144,11 +137,12 @@ def test_resuming_reproduces_the_uninterrupted_losses_exactly(repeating_data: Pa
     assert len(resumed) == 8
     for before, after in zip(uninterrupted, resumed, strict=True):
         before, after = json.loads(before), json.loads(after)
-        assert (after["step"], after["loss"], after["load_imbalance"], after["lr"]) == (
+        assert (after["step"], after["loss"], after["load_imbalance"], after["lr"], after["router"]) == (
             before["step"],
             before["loss"],
             before["load_imbalance"],
             before["lr"],
+            before["router"],
         )
 
     again = train(config, repeating_data, out)  # a finished run: nothing to redo
@@ -201,8 +195,19 @@ def test_command_line_trains_and_writes_every_output(repeating_data: Path, tmp_p
     assert summary["params"]["total"] == sum(summary["params"]["groups"].values())
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(1, 7))
-    assert set(records[0]) == {"step", "loss", "lr", "grad_norm", "tokens_per_s", "load_imbalance"}
+    assert set(records[0]) == {
+        "step",
+        "loss",
+        "lr",
+        "grad_norm",
+        "tokens_per_s",
+        "mfu",
+        "load_imbalance",
+        "router",
+    }
     assert len(records[0]["load_imbalance"]) == 1  # tiny has one MoE layer
+    assert records[0]["router"]["layers"] == [1] and 0 < records[0]["mfu"] < 1
+    assert "GFLOP per token" in result.stderr and "MFU" in result.stderr
     assert (out / "loss.png").read_bytes()[:4] == b"\x89PNG"
     assert [p.name for p in list_checkpoints(out)] == ["step_3", "step_6"]
     assert {p.name for p in (out / "checkpoints" / "step_6").iterdir()} == {

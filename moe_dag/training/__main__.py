@@ -1,5 +1,6 @@
 """Command line: `python -m moe_dag.training --data DIR --out DIR --preset demo [--steps N] [--seed S]
 [--set section.field=value ...]`; the same arguments under `torchrun --nproc-per-node N -m moe_dag.training`.
+Nested fields too: `--set model.mla.kv_lora_rank=64`, `--set precision.recipe=fp8-emulated`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from moe_dag.training.config import PRESETS, apply_overrides, preset
+from moe_dag.training.config import apply_overrides, preset, preset_names
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -21,7 +22,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--out", type=Path, required=True, help="run directory (resumed if it has checkpoints)"
     )
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="demo")
+    parser.add_argument(
+        "--preset",
+        default="demo",
+        help=f"model preset: one of {', '.join(preset_names())} (configs/models/), or a YAML file",
+    )
     parser.add_argument("--steps", type=int, help="optimizer steps (default: the preset's)")
     parser.add_argument("--seed", type=int, help="seed for initialisation and data order")
     parser.add_argument(

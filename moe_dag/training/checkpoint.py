@@ -5,7 +5,7 @@ Layout of `<out>/checkpoints/step_<N>/`:
 | file             | content                                                         | written by |
 | ---------------- | --------------------------------------------------------------- | ---------- |
 | model.pt         | model state dict (parameters and expert biases)                 | rank 0     |
-| optimizer.pt     | AdamW and learning-rate scheduler state dicts                   | rank 0     |
+| optimizer.pt     | optimizer (AdamW or Muon) and learning-rate scheduler state    | rank 0     |
 | state.json       | step, tokens seen, data stream position                         | rank 0     |
 | config.json      | the full Config of the run                                      | rank 0     |
 | rng_rank<r>.pt   | torch CPU (and CUDA) generator state of rank r                  | each rank  |

@@ -1,8 +1,12 @@
-"""Training configuration, split by concern, and the presets.
+"""Training configuration, split by concern, and the model presets of `configs/models/`.
 
-`ModelConfig` says what the network is, `OptimConfig` how it learns, `TrainConfig` how the run is
-driven (batch, steps, checkpoints, logging). Presets are plain functions, the test preset first; a
-variant calls its base and changes fields. `apply_overrides` turns `--set section.field=value` strings
+`ModelConfig` says what the network is (with one small dataclass per attention family that needs
+its own sizes), `OptimConfig` how it learns, `PrecisionConfig` in which number formats, `HealthConfig`
+what counts as a broken run, `TrainConfig` how the run is driven (batch, steps, checkpoints, logging).
+
+Presets are YAML files in `configs/models/<name>.yaml`, the test preset (`tiny`) first. A preset may
+name a `base:` preset and change only some fields, as a variant calls its base and changes a field.
+`apply_overrides` turns `--set section.field=value` strings (nested: `model.mla.kv_lora_rank=64`)
 into a new config, checking each value against the field's type.
 
 `vocab_size` and `seq_len` in a preset are placeholders for the production tokenizer: the trainer
@@ -16,12 +20,54 @@ import dataclasses
 import types
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
-AttentionKind = Literal["mha", "gqa", "swa"]
+import yaml
+
+AttentionKind = Literal["mha", "gqa", "swa", "mla", "nsa", "kda"]
 RouterScore = Literal["sigmoid", "softmax"]
 DeviceChoice = Literal["auto", "cpu", "cuda"]
 WandbMode = Literal["disabled", "offline", "online"]
+OptimizerName = Literal["adamw", "muon"]
+ScheduleName = Literal["cosine", "wsd"]
+PrecisionRecipeName = Literal["fp32", "bf16", "fp8", "fp8-emulated", "nvfp4", "nvfp4-emulated"]
+FP8Scaling = Literal["delayed", "current", "block"]
+StopOn = Literal["never", "nan", "nan_or_spike"]
+
+# The repository's preset folder; `preset()` also takes a path to a YAML file anywhere.
+PRESET_DIR = Path(__file__).resolve().parents[2] / "configs" / "models"
+
+
+@dataclass(kw_only=True, slots=True)
+class MLAConfig:
+    """Multi-head latent attention sizes (DeepSeek-V2, arXiv:2405.04434 sec. 2.1). None: head_dim."""
+
+    q_lora_rank: int = 0  # 0: queries are projected directly, without a compressed latent
+    kv_lora_rank: int = 64
+    qk_rope_head_dim: int = 16  # the decoupled rotary part of each query/key head
+    qk_nope_head_dim: int | None = None
+    v_head_dim: int | None = None
+
+
+@dataclass(kw_only=True, slots=True)
+class NSAConfig:
+    """Native sparse attention (arXiv:2502.11089). Compression and selection share one block size
+    with stride = block size, the paper's simplest setting, so selection scores are the compressed
+    attention probabilities themselves (its eq. 9)."""
+
+    block_size: int = 16
+    num_selected: int = 4  # blocks each query attends to, its own block and the first block included
+    window: int = 64
+
+
+@dataclass(kw_only=True, slots=True)
+class KDAConfig:
+    """Kimi delta attention (Kimi Linear, arXiv:2510.26692)."""
+
+    chunk_size: int = 16  # positions per chunk in the chunked training form
+    conv_size: int = 4  # causal depthwise short convolution on q, k, v
+    gate_rank: int | None = None  # low-rank forget and output gates; None: head_dim
 
 
 @dataclass(kw_only=True, slots=True)
@@ -31,11 +77,14 @@ class ModelConfig:
     d_model: int = 768
     n_layers: int = 12
     n_heads: int = 12
-    # Key/value heads for "gqa" and "swa" layers; "mha" layers always use n_heads.
+    # Key/value heads for "gqa", "swa" and "nsa" layers; "mha" layers always use n_heads.
     n_kv_heads: int = 4
-    # Repeated over the layers: ("swa", "swa", "gqa") gives two local layers per global one.
+    # Repeated over the layers: ("kda", "kda", "kda", "mla") gives three KDA layers per MLA layer.
     attention_pattern: tuple[AttentionKind, ...] = ("gqa",)
     sliding_window: int = 512
+    mla: MLAConfig = field(default_factory=MLAConfig)
+    nsa: NSAConfig = field(default_factory=NSAConfig)
+    kda: KDAConfig = field(default_factory=KDAConfig)
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6
     # The first layers keep a dense SwiGLU FFN: DeepSeekMoE (arXiv:2401.06066) saw the first layer's
@@ -47,6 +96,13 @@ class ModelConfig:
     expert_hidden: int = 512
     num_shared_experts: int = 1
     router_score: RouterScore = "sigmoid"
+    # Sequence-wise balance loss (DeepSeek-V3 eq. 17-20); DeepSeek-V3 uses 1e-4. 0 turns it off.
+    router_aux_loss_alpha: float = 0.0
+    # Router z-loss (ST-MoE, arXiv:2202.08906 eq. 5); ST-MoE uses 1e-3. 0 turns it off.
+    router_z_loss_coef: float = 0.0
+    # Tokens each expert takes per forward = ceil(factor * N * k / E); the rest are dropped and
+    # counted. None: dropless.
+    capacity_factor: float | None = None
     # Initial value of the learnable gain applied after the RMSNorm on each MoE layer's output.
     output_norm_scale_init: float = 2.0
     # muP multipliers (Cerebras-GPT muP values): scale the embedding output up and the logits down.
@@ -73,6 +129,12 @@ class ModelConfig:
         for kind in self.attention_pattern:
             if kind not in allowed:
                 raise ValueError(f"model.attention_pattern entry {kind!r} is not one of {allowed}")
+        if self.mla.qk_rope_head_dim % 2:
+            raise ValueError(f"model.mla.qk_rope_head_dim={self.mla.qk_rope_head_dim} must be even")
+        if self.capacity_factor is not None and self.capacity_factor <= 0:
+            raise ValueError(f"model.capacity_factor={self.capacity_factor} must be positive or none")
+        if self.nsa.num_selected < 2:
+            raise ValueError("model.nsa.num_selected must be at least 2 (the first and the current block)")
 
     @property
     def head_dim(self) -> int:
@@ -87,16 +149,51 @@ class ModelConfig:
 
 @dataclass(kw_only=True, slots=True)
 class OptimConfig:
-    lr: float = 3e-3
+    # AdamW for every parameter, or Muon for the hidden matrices (stacked experts included) and
+    # AdamW for embeddings, head, norms, scalars and router (Moonlight, arXiv:2502.16982).
+    name: OptimizerName = "adamw"
+    lr: float = 3e-3  # the hidden matrices', and every group's left at None below
+    embedding_lr: float | None = None
+    head_lr: float | None = None
+    router_lr: float | None = None
+    scalar_lr: float | None = None  # norms and learnable scalars
+    schedule: ScheduleName = "cosine"
     min_lr_ratio: float = 0.1
     warmup_steps: int = 100
+    decay_fraction: float = 0.2  # "wsd": the share of the steps spent decaying, at the end
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1e-8
+    muon_momentum: float = 0.95
+    muon_ns_steps: int = 5
     grad_clip: float | None = None  # max global gradient norm; None (the default) never clips
     # Aux-loss-free balancing (DeepSeek-V3, arXiv:2412.19437 sec. 2.1.2): bias += rate * sign(mean - load).
     expert_bias_update_rate: float = 1e-3
+
+    def __post_init__(self) -> None:
+        if not 0 < self.decay_fraction <= 1:
+            raise ValueError(f"optim.decay_fraction={self.decay_fraction} must be in (0, 1]")
+
+
+@dataclass(kw_only=True, slots=True)
+class PrecisionConfig:
+    recipe: PrecisionRecipeName = "fp32"
+    # Transformer Engine scaling for recipe "fp8": per-tensor delayed (amax history) or current
+    # scaling, or block scaling (1x128 activation tiles, 128x128 weight blocks, as DeepSeek-V3).
+    fp8_scaling: FP8Scaling = "block"
+    # The first and last blocks stay in bf16 under the fp8 and nvfp4 recipes (Nemotron-H and
+    # DeepSeek-V3 keep their most sensitive layers in higher precision).
+    high_precision_edge_layers: int = 1
+
+
+@dataclass(kw_only=True, slots=True)
+class HealthConfig:
+    dead_expert_window: int = 50  # steps without a token before an expert counts as dead
+    spike_factor: float = 3.0  # a loss above factor x the running mean is a spike
+    spike_window: int = 50  # steps in the running mean of the loss
+    spike_min_steps: int = 10  # steps observed before spikes are looked for
+    stop_on: StopOn = "nan"
 
 
 @dataclass(kw_only=True, slots=True)
@@ -110,6 +207,8 @@ class TrainConfig:
     log_every: int = 10
     checkpoint_every: int = 100
     keep_checkpoints: int = 2
+    # Peak FLOP/s for MFU; None: the accelerator's datasheet figure, or the measured matmul rate on CPU.
+    peak_tflops: float | None = None
     wandb_mode: WandbMode | None = None  # None: $WANDB_MODE if set, else "disabled"
     wandb_project: str = "moe-dag"
 
@@ -125,6 +224,8 @@ class TrainConfig:
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
 
     def to_dict(self) -> dict[str, Any]:
@@ -132,118 +233,97 @@ class Config:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> Config:
-        model = dict(raw["model"])
-        model["attention_pattern"] = tuple(model["attention_pattern"])
-        return cls(
-            model=ModelConfig(**model), optim=OptimConfig(**raw["optim"]), train=TrainConfig(**raw["train"])
-        )
+        """The inverse of `to_dict`; sections or fields left out keep their defaults."""
+        return _build(cls, raw, "")
 
 
-def tiny() -> Config:
-    """A model that trains in milliseconds per step: for tests."""
-    return Config(
-        model=ModelConfig(
-            vocab_size=256,
-            seq_len=32,
-            d_model=32,
-            n_layers=2,
-            n_heads=2,
-            n_kv_heads=1,
-            first_dense_layers=1,
-            dense_hidden=64,
-            num_experts=4,
-            top_k=2,
-            expert_hidden=32,
-            num_shared_experts=1,
-        ),
-        optim=OptimConfig(lr=3e-2, warmup_steps=2, expert_bias_update_rate=1e-2),
-        train=TrainConfig(steps=20, batch_size=4, log_every=5, checkpoint_every=10),
-    )
+def _build(cls: type, raw: dict[str, Any], where: str) -> Any:
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where or 'config'}: expected a mapping, got {raw!r}")
+    hints = typing.get_type_hints(cls)
+    unknown = sorted(set(raw) - set(hints))
+    if unknown:
+        raise ValueError(f"{where or 'config'}: {cls.__name__} has no field {unknown[0]!r}")
+    values = {}
+    for name, value in raw.items():
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            values[name] = _build(hint, value, f"{where}{name}.")
+        elif typing.get_origin(hint) is tuple:
+            values[name] = tuple(value)
+        else:
+            values[name] = value
+    return cls(**values)
 
 
-def demo() -> Config:
-    """The CPU demo: a few million parameters, 300 steps of 16 x 128 tokens in about a minute."""
-    return Config(
-        model=ModelConfig(
-            vocab_size=4096,
-            seq_len=128,
-            d_model=128,
-            n_layers=4,
-            n_heads=4,
-            n_kv_heads=2,
-            first_dense_layers=1,
-            dense_hidden=384,
-            num_experts=8,
-            top_k=2,
-            expert_hidden=96,
-            num_shared_experts=1,
-        ),
-        # A 300-step run needs a faster bias than DeepSeek's 1e-3 to undo early routing collapse: in the
-        # first steps the residual stream is dominated by one direction shared by all tokens (the unigram
-        # logits), so the last layers route nearly every token alike (measured: max/mean load 4.0 of a
-        # possible 4.0 at 1e-3, 1.5-2.0 at 1e-2, oscillation at 3e-2).
-        optim=OptimConfig(lr=3e-3, warmup_steps=30, expert_bias_update_rate=1e-2),
-        train=TrainConfig(steps=300, batch_size=16, log_every=25, checkpoint_every=100),
-    )
-
-
-def moe_7b2a() -> Config:
-    """About 7B total and 2B active parameters per token: 64 fine-grained experts, 8 chosen, 4 shared."""
-    return Config(
-        model=ModelConfig(
-            vocab_size=100352,
-            seq_len=4096,
-            d_model=2048,
-            n_layers=32,
-            n_heads=16,
-            n_kv_heads=4,
-            first_dense_layers=1,
-            dense_hidden=8192,
-            num_experts=64,
-            top_k=8,
-            expert_hidden=512,
-            num_shared_experts=4,
-        ),
-        optim=OptimConfig(lr=4e-4, warmup_steps=2000),
-        train=TrainConfig(steps=100_000, batch_size=8, log_every=10, checkpoint_every=1000),
-    )
-
-
-def moe_16b4a() -> Config:
-    """About 16B total and 4B active parameters per token: 7b2a made wider, with wider experts."""
-    base = moe_7b2a()
-    model = dataclasses.replace(
-        base.model, d_model=3072, n_layers=28, n_heads=24, dense_hidden=12288, expert_hidden=896
-    )
-    return Config(model=model, optim=dataclasses.replace(base.optim, lr=3e-4), train=base.train)
-
-
-PRESETS = {"tiny": tiny, "demo": demo, "moe_7b2a": moe_7b2a, "moe_16b4a": moe_16b4a}
+def preset_names() -> list[str]:
+    return sorted(path.stem for path in PRESET_DIR.glob("*.yaml"))
 
 
 def preset(name: str) -> Config:
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
-    return PRESETS[name]()
+    """The preset `configs/models/<name>.yaml`, or the YAML file at path `name`."""
+    path = Path(name) if name.endswith((".yaml", ".yml")) else PRESET_DIR / f"{name}.yaml"
+    if not path.exists():
+        raise ValueError(f"unknown preset {name!r}; choose one of {preset_names()} or give a YAML path")
+    try:
+        return Config.from_dict(_preset_dict(path, seen=()))
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{path}: {error}") from error
+
+
+def _preset_dict(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
+    if path in seen:
+        raise ValueError(f"{path}: preset bases form a cycle")
+    raw = yaml.safe_load(path.read_text()) or {}
+    base = raw.pop("base", None)
+    if base is None:
+        return raw
+    return _merged(_preset_dict(path.parent / f"{base}.yaml", (*seen, path)), raw)
+
+
+def _merged(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in changes.items():
+        both_mappings = isinstance(value, dict) and isinstance(base.get(key), dict)
+        merged[key] = _merged(base[key], value) if both_mappings else value
+    return merged
+
+
+def tiny() -> Config:
+    """The test preset: a model that trains in milliseconds per step."""
+    return preset("tiny")
 
 
 def apply_overrides(config: Config, overrides: list[str]) -> Config:
     """Return a copy of `config` with each `section.field=value` override applied and validated."""
-    sections = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
     for item in overrides:
         key, sep, raw = item.partition("=")
-        section_name, _, field_name = key.strip().partition(".")
-        if not sep or section_name not in sections:
+        path = key.strip().split(".")
+        if not sep or len(path) < 2:
+            raise ValueError(f"override {item!r} must look like section.field=value")
+        config = _replaced(config, path, raw.strip(), item)
+    return config
+
+
+def _replaced(node: Any, path: list[str], raw: str, item: str) -> Any:
+    hints = typing.get_type_hints(type(node))
+    name = path[0]
+    if name not in hints:
+        if isinstance(node, Config):
             raise ValueError(
-                f"override {item!r} must look like section.field=value, section in {list(sections)}"
+                f"override {item!r} must look like section.field=value, section in {list(hints)}"
             )
-        section = sections[section_name]
-        hints = typing.get_type_hints(type(section))
-        if field_name not in hints:
-            raise ValueError(f"override {item!r}: {type(section).__name__} has no field {field_name!r}")
-        value = _parse(raw.strip(), hints[field_name], item)
-        sections[section_name] = dataclasses.replace(section, **{field_name: value})
-    return Config(**sections)
+        raise ValueError(f"override {item!r}: {type(node).__name__} has no field {name!r}")
+    if len(path) > 1:
+        child = getattr(node, name)
+        if not dataclasses.is_dataclass(child):
+            raise ValueError(f"override {item!r}: {name!r} has no fields")
+        value = _replaced(child, path[1:], raw, item)
+    elif dataclasses.is_dataclass(hints[name]):
+        raise ValueError(f"override {item!r}: {name!r} is a section; name one of its fields")
+    else:
+        value = _parse(raw, hints[name], item)
+    return dataclasses.replace(node, **{name: value})
 
 
 def _parse(raw: str, hint: Any, item: str) -> Any:

@@ -32,6 +32,8 @@ class ExpertBiasUpdater:
         self.moe_layers, self.rate, self.all_reduce = moe_layers, rate, all_reduce
         # max(load) / mean(load) per MoE layer at the last update: 1.0 is perfect balance.
         self.imbalance: list[float] = []
+        # The (all-reduced) load of the last update, [MoE layers, experts], for the health record.
+        self.load_LE = torch.zeros(len(moe_layers), moe_layers[0].num_experts if moe_layers else 0)
 
     def register(self, optimizer: torch.optim.Optimizer) -> Any:
         return optimizer.register_step_pre_hook(self._pre_step_hook)
@@ -46,6 +48,7 @@ class ExpertBiasUpdater:
         load_LE = torch.stack([moe.tokens_per_expert_E for moe in self.moe_layers])
         if self.all_reduce is not None:
             self.all_reduce(load_LE)
+        self.load_LE = load_LE.clone()
         mean_L1 = load_LE.mean(dim=1, keepdim=True)
         self.imbalance = (load_LE.max(dim=1).values / mean_L1.squeeze(1).clamp_min(1e-9)).tolist()
         delta_LE = self.rate * torch.sign(mean_L1 - load_LE)

@@ -8,7 +8,7 @@ Cerebras-GPT, arXiv:2304.03208).
 Build with `build_model`: modules are created on the meta device (no memory, no wasted init), then
 materialised on the target device and initialised once by `Transformer.init_weights`.
 
-Shape legend: B batch, S sequence, D model width, V vocabulary, R rotary frequencies.
+Shape legend: B batch, S sequence, D model width, V vocabulary.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import math
 import torch
 from torch import nn
 
-from moe_dag.training.attention import build_attention, rotary_tables
+from moe_dag.training.attention import Rotary, spec_for
 from moe_dag.training.config import ModelConfig
 from moe_dag.training.moe import MoE, SwiGLU
 
@@ -27,12 +27,12 @@ class Block(nn.Module):
     def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
         self.attn_norm = nn.RMSNorm(config.d_model, eps=config.norm_eps)
-        self.attn = build_attention(config, layer)
+        self.attn = spec_for(config, layer).build(config)
         self.ffn_norm = nn.RMSNorm(config.d_model, eps=config.norm_eps)
         self.ffn = MoE(config) if config.is_moe_layer(layer) else SwiGLU(config.d_model, config.dense_hidden)
 
-    def forward(self, x_BSD: torch.Tensor, cos_SR: torch.Tensor, sin_SR: torch.Tensor) -> torch.Tensor:
-        x_BSD = x_BSD + self.attn(self.attn_norm(x_BSD), cos_SR, sin_SR)
+    def forward(self, x_BSD: torch.Tensor, rotary: Rotary) -> torch.Tensor:
+        x_BSD = x_BSD + self.attn(self.attn_norm(x_BSD), rotary)
         return x_BSD + self.ffn(self.ffn_norm(x_BSD))
 
 
@@ -44,21 +44,28 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(Block(config, layer) for layer in range(config.n_layers))
         self.norm = nn.RMSNorm(config.d_model, eps=config.norm_eps)
         self.output = nn.Linear(config.d_model, config.vocab_size, bias=False)
-        R = config.head_dim // 2
-        self.register_buffer("cos_SR", torch.empty(config.seq_len, R), persistent=False)
-        self.register_buffer("sin_SR", torch.empty(config.seq_len, R), persistent=False)
+        rotary_dims = [spec_for(config, layer).rotary_dim(config) for layer in range(config.n_layers)]
+        self.rotary = Rotary(config.seq_len, [dim for dim in rotary_dims if dim], config.rope_theta)
 
     def forward(self, tokens_BS: torch.Tensor) -> torch.Tensor:
         """Next-token logits [B, S, V] in float32 for token ids [B, S]."""
         assert tokens_BS.shape[1] <= self.config.seq_len, "sequence longer than the rotary tables"
         x_BSD = self.tok_embeddings(tokens_BS) * self.config.embedding_multiplier
         for block in self.layers:
-            x_BSD = block(x_BSD, self.cos_SR, self.sin_SR)
+            x_BSD = block(x_BSD, self.rotary)
         # Scaling the head's [B, S, D] input equals scaling its [B, S, V] output, V/D times cheaper.
         return self.output(self.norm(x_BSD) * self.config.output_multiplier).float()
 
     def moe_layers(self) -> list[MoE]:
         return [block.ffn for block in self.layers if isinstance(block.ffn, MoE)]
+
+    def moe_layer_indices(self) -> list[int]:
+        return [i for i, block in enumerate(self.layers) if isinstance(block.ffn, MoE)]
+
+    def router_loss(self) -> torch.Tensor | None:
+        """The MoE layers' auxiliary router losses from the last training forward (None if all off)."""
+        losses = [moe.router_loss for moe in self.moe_layers() if moe.router_loss is not None]
+        return sum(losses) if losses else None
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -67,7 +74,8 @@ class Transformer(nn.Module):
         | tensor                                         | init                                   |
         | ---------------------------------------------- | -------------------------------------- |
         | tok_embeddings.weight                          | normal(0, std); x10.66 in forward      |
-        | attn.wq, attn.wk, attn.wv                      | normal(0, std)                         |
+        | attention projections into heads               | normal(0, std); each kind's own extras |
+        |                                                | in its `init_weights`                  |
         | ffn w1, w3 (dense, shared, routed experts)     | normal(0, std)                         |
         | attn.wo, dense ffn w2                          | normal(0, std / sqrt(2 L)): residual   |
         |                                                | branches sum over 2 L writes (GPT-2)   |
@@ -78,8 +86,8 @@ class Transformer(nn.Module):
         | RMSNorm weights                                | 1                                      |
         | ffn.output_norm_scale (MoE pre-output norm)    | output_norm_scale_init (2.0)           |
         | output.weight                                  | normal(0, std); x0.125 in forward      |
-        | cos_SR, sin_SR (buffers)                       | RoPE tables                            |
-        | ffn.tokens_per_expert_E (buffer)               | 0                                      |
+        | rotary.cos_*, rotary.sin_* (buffers)           | RoPE tables, one per rotary width      |
+        | ffn.tokens_per_expert_E, ffn.router_stats      | 0                                      |
         """
         config = self.config
         std, residual_std = config.init_std, config.init_std / math.sqrt(2 * config.n_layers)
@@ -89,9 +97,7 @@ class Transformer(nn.Module):
             if isinstance(module, nn.RMSNorm):
                 nn.init.ones_(module.weight)
         for block in self.layers:
-            for linear in (block.attn.wq, block.attn.wk, block.attn.wv):
-                nn.init.normal_(linear.weight, std=std)
-            nn.init.normal_(block.attn.wo.weight, std=residual_std)
+            block.attn.init_weights(std, residual_std)
             ffn = block.ffn
             if isinstance(ffn, SwiGLU):
                 self._init_swiglu(ffn, std, w2_std=residual_std)
@@ -105,9 +111,8 @@ class Transformer(nn.Module):
                 nn.init.normal_(ffn.experts.w2_EDF, std=std)
                 ffn.output_norm_scale.fill_(config.output_norm_scale_init)
                 ffn.tokens_per_expert_E.zero_()
-        cos_SR, sin_SR = rotary_tables(config.seq_len, config.head_dim, config.rope_theta, self.cos_SR.device)
-        self.cos_SR.copy_(cos_SR)
-        self.sin_SR.copy_(sin_SR)
+                ffn.router_stats.zero_()
+        self.rotary.init_tables()
 
     @staticmethod
     def _init_swiglu(ffn: SwiGLU, std: float, w2_std: float) -> None:

@@ -6,20 +6,42 @@ experts but not when weighting their outputs. The layer only counts the tokens e
 the bias update that uses those counts runs outside the model (`load_balance.ExpertBiasUpdater`, an
 optimizer pre-step hook), so data-parallel code can all-reduce the counts first.
 
-All expert computation goes through `RoutedExperts.forward(x_ND, expert_NK, gate_NK)`. The version here
-loops over the local experts; an expert-parallel version (all-to-all dispatch) replaces that one method.
+Optional, off by default: the sequence-wise balance loss and the router z-loss (their sum is left in
+`MoE.router_loss` after each training forward, for the trainer to add to the loss), and a capacity
+limit per expert (dropped (token, expert) pairs are counted; the default is dropless). Router math
+runs in fp32 whatever the precision recipe.
+
+Seams for expert parallelism and kernels:
+- `RoutedExperts.forward(x_ND, expert_NK, gate_NK)` is all expert computation: it dispatches the
+  (token, expert) pairs in expert order (`dispatch_by_expert`), runs `RoutedExperts.compute`, and
+  combines the gated outputs back per token (`combine`). An expert-parallel layer replaces `forward`
+  with an all-to-all around `compute`; a pair whose expert is E (== num_experts) was dropped by the
+  capacity limit and goes nowhere.
+- `RoutedExperts.compute(x_MD, counts_E)` takes expert-sorted rows and per-expert counts and returns
+  the experts' outputs in the same order, through `RoutedExperts.grouped_mm` (see `grouped_mm.py`),
+  which precision recipes and kernels replace.
 
 Shape legend: B batch, S sequence, N tokens (B * S), D model width, E routed experts, K experts chosen
-per token, M routed (token, expert) pairs (N * K), C pairs routed to one expert, F expert hidden width.
+per token, M routed (token, expert) rows, F expert hidden width.
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from moe_dag.training.config import ModelConfig
+from moe_dag.training.grouped_mm import grouped_mm
+
+GroupedMatmul = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+# What `MoE.router_stats` sums over training forwards (read and zeroed by `health.RouterHealth`).
+ROUTER_STATS = ("entropy_sum", "tokens", "dropped_pairs", "nonfinite_tokens")
 
 
 class SwiGLU(nn.Module):
@@ -33,6 +55,14 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+@dataclass(frozen=True, slots=True)
+class RouterOutput:
+    expert_NK: torch.Tensor  # chosen experts, best first
+    gate_NK: torch.Tensor  # fp32 weights of the chosen experts, summing to 1 per token
+    logits_NE: torch.Tensor  # fp32
+    affinity_NE: torch.Tensor  # fp32 scores normalised to sum to 1 per token
 
 
 class Router(nn.Module):
@@ -49,13 +79,81 @@ class Router(nn.Module):
         # A buffer, not a parameter: gradients never touch it, only ExpertBiasUpdater does.
         self.register_buffer("expert_bias_E", torch.zeros(config.num_experts, dtype=torch.float32))
 
-    def forward(self, x_ND: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits_NE = self.gate(x_ND).float()
-        scores_NE = torch.sigmoid(logits_NE) if self.score == "sigmoid" else logits_NE.softmax(dim=-1)
-        expert_NK = torch.topk(scores_NE.detach() + self.expert_bias_E, self.top_k, dim=-1).indices
-        gate_NK = scores_NE.gather(-1, expert_NK)
-        gate_NK = gate_NK / gate_NK.sum(dim=-1, keepdim=True)
-        return expert_NK, gate_NK.to(x_ND.dtype)
+    def forward(self, x_ND: torch.Tensor) -> RouterOutput:
+        with torch.autocast(x_ND.device.type, enabled=False):
+            logits_NE = F.linear(x_ND.float(), self.gate.weight.float())
+            if self.score == "sigmoid":
+                scores_NE = torch.sigmoid(logits_NE)
+                affinity_NE = scores_NE / scores_NE.sum(dim=-1, keepdim=True)
+            else:
+                scores_NE = affinity_NE = logits_NE.softmax(dim=-1)
+            expert_NK = torch.topk(scores_NE.detach() + self.expert_bias_E, self.top_k, dim=-1).indices
+            gate_NK = scores_NE.gather(-1, expert_NK)
+            gate_NK = gate_NK / gate_NK.sum(dim=-1, keepdim=True)
+        return RouterOutput(
+            expert_NK=expert_NK, gate_NK=gate_NK, logits_NE=logits_NE, affinity_NE=affinity_NE
+        )
+
+
+def sequence_balance_loss(affinity_BSE: torch.Tensor, expert_BSK: torch.Tensor) -> torch.Tensor:
+    """DeepSeek-V3's sequence-wise balance loss without its alpha (arXiv:2412.19437 eq. 17-20):
+    mean over sequences of sum_i f_i P_i, where f_i = E / (K S) x (tokens of the sequence routed to
+    expert i) and P_i = the mean normalised affinity of the sequence for expert i. 1 when balanced."""
+    B, S, E = affinity_BSE.shape
+    K = expert_BSK.shape[-1]
+    counts_BE = torch.zeros(B, E + 1, device=affinity_BSE.device).scatter_add_(
+        1, expert_BSK.reshape(B, -1), torch.ones(B, S * K, device=affinity_BSE.device)
+    )[:, :E]  # column E collects pairs dropped by the capacity limit
+    fraction_BE = counts_BE * (E / (K * S))
+    return (fraction_BE * affinity_BSE.mean(dim=1)).sum(dim=-1).mean()
+
+
+def router_z_loss(logits_NE: torch.Tensor) -> torch.Tensor:
+    """ST-MoE's z-loss without its coefficient (arXiv:2202.08906 eq. 5): mean of logsumexp(logits)^2."""
+    return torch.logsumexp(logits_NE, dim=-1).square().mean()
+
+
+def drop_over_capacity(expert_NK: torch.Tensor, num_experts: int, capacity: int) -> torch.Tensor:
+    """`expert_NK` with the pairs past each expert's first `capacity` (in token order) set to E."""
+    flat_M = expert_NK.flatten()
+    order_M = flat_M.argsort(stable=True)
+    counts_E = torch.bincount(flat_M, minlength=num_experts)
+    starts_E = torch.cumsum(counts_E, dim=0) - counts_E
+    sorted_M = flat_M[order_M]
+    rank_M = torch.empty_like(flat_M)
+    rank_M[order_M] = torch.arange(flat_M.numel(), device=flat_M.device) - starts_E[sorted_M]
+    return torch.where(rank_M < capacity, flat_M, num_experts).view_as(expert_NK)
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    order_M: torch.Tensor  # flat (token, slot) pair index of each routed row, in expert order
+    token_M: torch.Tensor  # the token of each routed row
+    counts_E: torch.Tensor  # routed rows per expert
+
+
+def dispatch_by_expert(expert_NK: torch.Tensor, num_experts: int) -> Dispatch:
+    """Sort the (token, expert) pairs by expert (stable, so tokens keep their order within an expert);
+    pairs with expert == num_experts (dropped) sort last and are left out."""
+    flat_M = expert_NK.flatten()
+    order_M = flat_M.argsort(stable=True)
+    counts_E = torch.bincount(flat_M, minlength=num_experts + 1)
+    if counts_E[num_experts]:  # only a capacity limit drops pairs; checking costs a sync only then
+        order_M = order_M[: flat_M.numel() - int(counts_E[num_experts])]
+    return Dispatch(order_M=order_M, token_M=order_M // expert_NK.shape[1], counts_E=counts_E[:num_experts])
+
+
+def combine(y_MD: torch.Tensor, dispatch: Dispatch, gate_NK: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """Sum each token's gated expert outputs: out[n] = sum over its rows m of gate[m] * y[m]."""
+    weight_M = gate_NK.flatten()[dispatch.order_M].to(y_MD.dtype)
+    out_ND = y_MD.new_zeros(num_tokens, y_MD.shape[1])
+    return out_ND.index_add_(0, dispatch.token_M, y_MD * weight_M[:, None])
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    if torch.is_autocast_enabled(x.device.type):
+        return torch.get_autocast_dtype(x.device.type)
+    return x.dtype
 
 
 class RoutedExperts(nn.Module):
@@ -67,21 +165,22 @@ class RoutedExperts(nn.Module):
         self.w1_EFD = nn.Parameter(torch.empty(E, F_, D))
         self.w3_EFD = nn.Parameter(torch.empty(E, F_, D))
         self.w2_EDF = nn.Parameter(torch.empty(E, D, F_))
+        self.grouped_mm: GroupedMatmul = grouped_mm
 
     def forward(self, x_ND: torch.Tensor, expert_NK: torch.Tensor, gate_NK: torch.Tensor) -> torch.Tensor:
-        """Reference dispatch: sort the (token, expert) pairs by expert, apply each expert to its
-        contiguous slice of tokens, then scatter-add the gated outputs back to their tokens."""
-        K = expert_NK.shape[1]
-        order_M = expert_NK.flatten().argsort(stable=True)
-        token_M = order_M // K
-        counts = torch.bincount(expert_NK.flatten(), minlength=self.w1_EFD.shape[0]).tolist()
-        x_MD = x_ND.index_select(0, token_M)
-        outputs = []
-        for e, x_CD in enumerate(x_MD.split(counts)):
-            h_CF = F.silu(x_CD @ self.w1_EFD[e].T) * (x_CD @ self.w3_EFD[e].T)
-            outputs.append(h_CF @ self.w2_EDF[e].T)
-        out_MD = torch.cat(outputs) * gate_NK.flatten()[order_M, None]
-        return torch.zeros_like(x_ND).index_add_(0, token_M, out_MD)
+        dispatch = dispatch_by_expert(expert_NK, self.w1_EFD.shape[0])
+        y_MD = self.compute(x_ND.index_select(0, dispatch.token_M), dispatch.counts_E)
+        return combine(y_MD, dispatch, gate_NK, x_ND.shape[0])
+
+    def compute(self, x_MD: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
+        """The experts applied to expert-sorted rows: counts_E[e] consecutive rows go to expert e."""
+        dtype = _compute_dtype(x_MD)
+        F_ = self.w1_EFD.shape[1]
+        # One grouped product for w1 and w3 together: half the calls, the same FLOPs.
+        w13_E2FD = torch.cat((self.w1_EFD, self.w3_EFD), dim=1).to(dtype)
+        h13_M2F = self.grouped_mm(x_MD.to(dtype), w13_E2FD, counts_E)
+        h_MF = F.silu(h13_M2F[:, :F_]) * h13_M2F[:, F_:]
+        return self.grouped_mm(h_MF, self.w2_EDF.to(dtype), counts_E)
 
 
 class MoE(nn.Module):
@@ -95,7 +194,9 @@ class MoE(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.norm_eps = config.norm_eps
+        self.norm_eps, self.num_experts, self.top_k = config.norm_eps, config.num_experts, config.top_k
+        self.capacity_factor = config.capacity_factor
+        self.aux_loss_alpha, self.z_loss_coef = config.router_aux_loss_alpha, config.router_z_loss_coef
         self.router = Router(config)
         self.experts = RoutedExperts(config)
         # n shared experts of width F equal one SwiGLU of width n * F: same function, fewer matmuls.
@@ -109,17 +210,48 @@ class MoE(nn.Module):
         self.register_buffer(
             "tokens_per_expert_E", torch.zeros(config.num_experts, dtype=torch.float32), persistent=False
         )
+        self.register_buffer("router_stats", torch.zeros(len(ROUTER_STATS)), persistent=False)
+        self.router_loss: torch.Tensor | None = None
+
+    def capacity(self, num_tokens: int) -> int | None:
+        if self.capacity_factor is None:
+            return None
+        return math.ceil(self.capacity_factor * num_tokens * self.top_k / self.num_experts)
 
     def forward(self, x_BSD: torch.Tensor) -> torch.Tensor:
-        x_ND = x_BSD.reshape(-1, x_BSD.shape[-1])
-        expert_NK, gate_NK = self.router(x_ND)
+        B, S, D = x_BSD.shape
+        x_ND = x_BSD.reshape(-1, D)
+        routed = self.router(x_ND)
+        expert_NK = routed.expert_NK
+        capacity = self.capacity(x_ND.shape[0])
+        if capacity is not None:
+            expert_NK = drop_over_capacity(expert_NK, self.num_experts, capacity)
         if self.training:
-            with torch.no_grad():
-                self.tokens_per_expert_E += torch.bincount(
-                    expert_NK.flatten(), minlength=self.tokens_per_expert_E.numel()
-                )
-        y_ND = self.experts(x_ND, expert_NK, gate_NK)
+            self._count(routed, expert_NK)
+            self.router_loss = self._router_loss(routed, expert_NK.view(B, S, -1))
+        y_ND = self.experts(x_ND, expert_NK, routed.gate_NK)
         if self.shared is not None:
             y_ND = y_ND + self.shared(x_ND)
-        y_ND = self.output_norm_scale * F.rms_norm(y_ND, (y_ND.shape[-1],), eps=self.norm_eps)
+        y_ND = self.output_norm_scale * F.rms_norm(y_ND, (D,), eps=self.norm_eps)
         return y_ND.view_as(x_BSD)
+
+    def _router_loss(self, routed: RouterOutput, expert_BSK: torch.Tensor) -> torch.Tensor | None:
+        losses = []
+        if self.aux_loss_alpha:
+            affinity_BSE = routed.affinity_NE.view(*expert_BSK.shape[:2], -1)
+            losses.append(self.aux_loss_alpha * sequence_balance_loss(affinity_BSE, expert_BSK))
+        if self.z_loss_coef:
+            losses.append(self.z_loss_coef * router_z_loss(routed.logits_NE))
+        return sum(losses) if losses else None
+
+    @torch.no_grad()
+    def _count(self, routed: RouterOutput, expert_NK: torch.Tensor) -> None:
+        E = self.num_experts
+        counts = torch.bincount(expert_NK.flatten(), minlength=E + 1).float()
+        self.tokens_per_expert_E += counts[:E]
+        p_NE = routed.affinity_NE
+        entropy_N = -(p_NE * torch.log(p_NE.clamp_min(1e-20))).sum(dim=-1)
+        nonfinite = (~torch.isfinite(routed.logits_NE)).any(dim=-1).sum()
+        self.router_stats += torch.stack(
+            (entropy_N.nan_to_num(0.0).sum(), counts.new_tensor(p_NE.shape[0]), counts[E], nonfinite.float())
+        )

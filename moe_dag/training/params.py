@@ -1,7 +1,12 @@
-"""Parameter counts: total, active per token, and by group; counted on a model or derived from a config.
+"""Parameter counts (total, active per token, by group) and training FLOPs per token.
 
 Active parameters per token are all parameters except the routed experts a token does not visit:
 each MoE layer applies top_k of its num_experts routed experts, plus its shared experts.
+
+FLOPs per token follow the PaLM convention (arXiv:2204.02311 appendix B): 6 per active parameter
+that multiplies (the embedding table is a lookup and does not count), plus 3x the forward FLOPs of
+the token mixing itself (attention scores and weighted values, or a linear-attention state), averaged
+over causal positions. MFU is tokens/s x FLOPs per token / peak FLOP/s.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from moe_dag.training.attention import spec_for
 from moe_dag.training.config import ModelConfig
 
 # Checked in order; the first pattern found in a parameter's name decides its group.
@@ -57,13 +63,10 @@ def count_parameters(model: nn.Module, config: ModelConfig) -> ParamCounts:
 def parameter_formula(config: ModelConfig) -> ParamCounts:
     """The same counts from the config alone, without building anything."""
     c = config
-    D, C = c.d_model, c.head_dim
+    D = c.d_model
     n_moe = sum(c.is_moe_layer(layer) for layer in range(c.n_layers))
     n_dense = c.n_layers - n_moe
-    attention = 0
-    for layer in range(c.n_layers):
-        kv_heads = c.n_heads if c.attention_kind(layer) == "mha" else c.n_kv_heads
-        attention += 2 * D * c.n_heads * C + 2 * D * kv_heads * C
+    attention = sum(spec_for(c, layer).num_parameters(c) for layer in range(c.n_layers))
     groups = {
         "embedding": c.vocab_size * D,
         "head": c.vocab_size * D,
@@ -77,3 +80,12 @@ def parameter_formula(config: ModelConfig) -> ParamCounts:
     groups = {name: count for name, count in groups.items() if count}
     total = sum(groups.values())
     return ParamCounts(groups=groups, total=total, active=_active(groups, total, config))
+
+
+def flops_per_token(config: ModelConfig, seq_len: int | None = None) -> float:
+    """Training FLOPs (forward and backward) per token at `seq_len` (default: the config's)."""
+    seq_len = seq_len or config.seq_len
+    counts = parameter_formula(config)
+    multiplying = counts.active - counts.groups["embedding"]
+    mixing = sum(spec_for(config, layer).mixing_flops(config, seq_len) for layer in range(config.n_layers))
+    return 6.0 * multiplying + 3.0 * mixing

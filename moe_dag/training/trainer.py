@@ -29,10 +29,13 @@ from moe_dag.training.checkpoint import (
 )
 from moe_dag.training.config import Config
 from moe_dag.training.data import MixtureInfo, TrainBatches, read_mixture
+from moe_dag.training.health import AnomalyDetector, RouterHealth
 from moe_dag.training.load_balance import ExpertBiasUpdater
+from moe_dag.training.mfu import peak_flops
 from moe_dag.training.model import Transformer, build_model
 from moe_dag.training.optim import build_optimizer, build_scheduler
-from moe_dag.training.params import ParamCounts, count_parameters
+from moe_dag.training.params import ParamCounts, count_parameters, flops_per_token
+from moe_dag.training.precision import PrecisionRecipe, build_recipe
 from moe_dag.training.run_outputs import MetricsLog, plot_loss, write_summary
 from moe_dag.training.tracking import start_tracking
 
@@ -72,26 +75,42 @@ def train_step(
     batches: TrainBatches,
     config: Config,
     device: torch.device,
+    recipe: PrecisionRecipe,
+    detector: AnomalyDetector | None = None,
+    step: int = 0,
 ) -> tuple[float, float]:
-    """One optimizer step over grad_accum_steps micro-batches; returns (mean loss, gradient norm)."""
+    """One optimizer step over grad_accum_steps micro-batches; returns (the loss averaged over
+    micro-batches and ranks, this rank's gradient norm).
+
+    The forward and loss run under the precision recipe; MoE router losses (when configured) join the
+    loss that is differentiated, not the one reported. `detector` sees the loss before the step.
+    """
     model.train()
+    core: Transformer = getattr(model, "module", model)  # under DDP, the wrapped model
     accum = config.train.grad_accum_steps
     loss_sum = torch.zeros((), device=device)
     for micro in range(accum):
         inputs_BS, targets_BS = (t.to(device, non_blocking=True) for t in batches.next_batch())
         with distributed.gradient_sync(model, enabled=micro == accum - 1):
-            logits_BSV = model(inputs_BS)
-            loss = F.cross_entropy(logits_BSV.flatten(0, 1), targets_BS.flatten())
-            (loss / accum).backward()
+            with recipe.autocast(device):
+                logits_BSV = model(inputs_BS)
+                loss = F.cross_entropy(logits_BSV.flatten(0, 1).float(), targets_BS.flatten())
+            router_loss = core.router_loss()
+            objective = loss if router_loss is None else loss + router_loss
+            (objective / accum).backward()
         loss_sum += loss.detach()
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     grad_norm = torch.nn.utils.get_total_norm(grads)
+    # Averaged over ranks before any decision, so every rank stops (or not) together.
+    mean_loss = distributed.all_reduce_mean((loss_sum / accum).item(), device)
+    if detector is not None:
+        detector.check(step, mean_loss, core)  # raises before the step when the run must stop
     if config.optim.grad_clip is not None:
         torch.nn.utils.clip_grads_with_norm_(model.parameters(), config.optim.grad_clip, grad_norm)
     optimizer.step()  # the pre-step hook updates the expert biases first
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    return (loss_sum / accum).item(), grad_norm.item()
+    return mean_loss, grad_norm.item()
 
 
 def train(config: Config, data_dir: Path, out_dir: Path) -> dict[str, Any]:
@@ -111,16 +130,21 @@ class _Parts:
     balancer: ExpertBiasUpdater
     batches: TrainBatches
     params: ParamCounts
+    recipe: PrecisionRecipe
+    router_health: RouterHealth
+    detector: AnomalyDetector
 
 
 def _build(config: Config, data_dir: Path, info: distributed.DistInfo) -> _Parts:
     torch.manual_seed(config.train.seed)
+    recipe = build_recipe(config.precision)
     model = build_model(config.model, info.device)
+    params = count_parameters(model, config.model)  # before the recipe renames any parameter
+    recipe.prepare(model)
     optimizer = build_optimizer(model, config.optim)
+    all_reduce = distributed.all_reduce_sum if info.world_size > 1 else None
     balancer = ExpertBiasUpdater(
-        model.moe_layers(),
-        config.optim.expert_bias_update_rate,
-        all_reduce=distributed.all_reduce_sum if info.world_size > 1 else None,
+        model.moe_layers(), config.optim.expert_bias_update_rate, all_reduce=all_reduce
     )
     balancer.register(optimizer)
     batches = TrainBatches(
@@ -136,7 +160,10 @@ def _build(config: Config, data_dir: Path, info: distributed.DistInfo) -> _Parts
         scheduler=build_scheduler(optimizer, config.train.steps, config.optim),
         balancer=balancer,
         batches=batches,
-        params=count_parameters(model, config.model),
+        params=params,
+        recipe=recipe,
+        router_health=RouterHealth(model, config.health, all_reduce=all_reduce),
+        detector=AnomalyDetector(config.health),
     )
 
 
@@ -165,8 +192,16 @@ def _train(config: Config, data_dir: Path, out_dir: Path, info: distributed.Dist
     metrics = MetricsLog(out_dir / "metrics.jsonl")
     if info.is_main:
         metrics.truncate_after(state.step)
+    _replay_health(parts, metrics, state.step)
+    token_flops = flops_per_token(config.model)
+    peak = peak_flops(info.device, config.precision.recipe, tc.peak_tflops)
+    if info.is_main:
         log.info(
-            "parameters: %s total, %s active per token", f"{parts.params.total:,}", f"{parts.params.active:,}"
+            "parameters: %s total, %s active per token; %.3g GFLOP per token (training); precision %s",
+            f"{parts.params.total:,}",
+            f"{parts.params.active:,}",
+            token_flops / 1e9,
+            parts.recipe.name,
         )
     dp_model = distributed.wrap_data_parallel(parts.model, info)
     tracker = start_tracking(config, out_dir, is_main=info.is_main)
@@ -176,19 +211,32 @@ def _train(config: Config, data_dir: Path, out_dir: Path, info: distributed.Dist
         lr = parts.scheduler.get_last_lr()[0]
         step_started = time.perf_counter()
         loss, grad_norm = train_step(
-            dp_model, parts.optimizer, parts.scheduler, parts.batches, config, info.device
+            dp_model,
+            parts.optimizer,
+            parts.scheduler,
+            parts.batches,
+            config,
+            info.device,
+            parts.recipe,
+            parts.detector,
+            step=state.step + 1,
         )
         state.step += 1
         state.tokens_seen += tokens_per_step
         state.data = parts.batches.state_dict()
+        tokens_per_s = tokens_per_step / (time.perf_counter() - step_started)
         record = {
             "step": state.step,
-            "loss": distributed.all_reduce_mean(loss, info.device),
+            "loss": loss,
             "lr": lr,
             "grad_norm": grad_norm,
-            "tokens_per_s": tokens_per_step / (time.perf_counter() - step_started),
+            "tokens_per_s": tokens_per_s,
+            "mfu": tokens_per_s * token_flops / peak if peak else None,
             "load_imbalance": parts.balancer.imbalance,
         }
+        router = parts.router_health.observe(parts.balancer.load_LE)
+        if router is not None:
+            record["router"] = router
         if info.is_main:
             metrics.append(record)
             tracker.log(_flat(record), step=state.step)
@@ -220,6 +268,15 @@ def _train(config: Config, data_dir: Path, out_dir: Path, info: distributed.Dist
     return _write_outputs(out_dir, metrics, run, parts.params, config, data_dir)
 
 
+def _replay_health(parts: _Parts, metrics: MetricsLog, step: int) -> None:
+    """On resume, refill the health windows from the logged steps up to `step`."""
+    if step == 0 or not metrics.path.exists():
+        return
+    records = [record for record in metrics.read() if record["step"] <= step]
+    parts.router_health.replay(records)
+    parts.detector.replay(records)
+
+
 def _write_outputs(
     out_dir: Path,
     metrics: MetricsLog,
@@ -248,20 +305,30 @@ def _write_outputs(
 
 
 def _flat(record: dict[str, Any]) -> dict[str, float]:
-    flat = {key: value for key, value in record.items() if key not in ("step", "load_imbalance")}
+    flat = {key: value for key, value in record.items() if key not in ("step", "load_imbalance", "router")}
     flat.update({f"load_imbalance/layer_{i}": value for i, value in enumerate(record["load_imbalance"])})
+    router = record.get("router")
+    if router is not None:
+        for key in ("max_over_mean", "dead_experts", "entropy", "bias_min", "bias_max", "dropped_fraction"):
+            values = zip(router["layers"], router[key], strict=True)
+            flat.update({f"router/{key}/layer_{layer}": value for layer, value in values})
     return flat
 
 
 def _log_progress(record: dict[str, Any], total_steps: int) -> None:
     imbalance = max(record["load_imbalance"], default=1.0)
+    router = record.get("router") or {}
     log.info(
-        "step %d/%d  loss %.4f  lr %.2e  grad_norm %.3f  tokens/s %.0f  max expert load/mean %.2f",
+        "step %d/%d  loss %.4f  lr %.2e  grad_norm %.3f  tokens/s %.0f  MFU %s  max expert load/mean %.2f"
+        "  dead experts %d  router entropy %s",
         record["step"],
         total_steps,
         record["loss"],
         record["lr"],
         record["grad_norm"],
         record["tokens_per_s"],
+        f"{record['mfu']:.1%}" if record["mfu"] is not None else "n/a",
         imbalance,
+        sum(router.get("dead_experts", [])),
+        " ".join(f"{v:.2f}" for v in router.get("entropy", [])) or "n/a",
     )
