@@ -1,0 +1,170 @@
+"""The shard work of each per-source stage: plain library calls over a shard's Arrow batches.
+
+Each class is built once per worker (in an actor for those that hold a model) and then processes
+shards: it streams the input shard in batches, calls the stage's library function on each batch, and
+writes each result batch to the shard's output file. The library functions (`read_shard_batches`,
+`run_filters`, `compute_signatures`, `apply_dedup`, `score_documents`, the token shard writer) know
+nothing of shards or Ray.
+
+Counts returned per shard: `documents` (rows the stage received), and for stages that decide, `kept`,
+`dropped` and `reasons` (dropped rows per reason code); they add up over shards into the stage's
+reconciliation.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from moe_dag.data.dedup import SIGNATURE_SCHEMA, MinHashConfig, apply_dedup, compute_signatures
+from moe_dag.data.engine.shards import ShardInput
+from moe_dag.data.engine.stage import ShardOutput, ShardWork, merge_counts
+from moe_dag.data.filters import DocumentFilter, run_filters
+from moe_dag.data.heads import load_backbone, load_heads
+from moe_dag.data.lake import read_batches
+from moe_dag.data.mixture.build import HELDOUT_SCHEMA, heldout_table, split_heldout
+from moe_dag.data.mixture.token_shards import TokenShardWriter
+from moe_dag.data.readers import read_shard_batches
+from moe_dag.data.schema import DOCUMENT_SCHEMA, kept_rows, reason_counts
+from moe_dag.data.scoring import PROBE_EXIT, score_documents
+from moe_dag.data.tokenizer import eos_id, load_tokenizer
+
+
+def kept_batches(shard: ShardInput, out: ShardOutput) -> Iterator[pa.Table]:
+    """The input shard's rows that its stage kept (all rows when it made no decision), in batches."""
+    for batch in read_batches(shard.path, out.lake.fs):
+        yield kept_rows(batch) if "keep" in batch.column_names else batch
+
+
+def decision_counts(decided: pa.Table) -> dict[str, Any]:
+    kept = int(pc.sum(decided["keep"]).as_py() or 0)
+    return {
+        "documents": decided.num_rows,
+        "kept": kept,
+        "dropped": decided.num_rows - kept,
+        "reasons": reason_counts(decided),
+    }
+
+
+class IngestWork(ShardWork):
+    """raw_documents and quarantine from one raw shard."""
+
+    def process(self, shard: ShardInput, out: ShardOutput) -> dict[str, Any]:
+        documents = out.table("raw_documents", DOCUMENT_SCHEMA)
+        quarantine = out.table("quarantine")  # only shards with bad records get a quarantine file
+        counts = Counter()
+        for piece in read_shard_batches(shard.path, out.source):
+            documents.write(piece.documents)
+            if piece.quarantine.num_rows:
+                quarantine.write(piece.quarantine)
+            counts.update(
+                records=piece.records_read,
+                kept=piece.documents.num_rows,
+                quarantined=piece.quarantine.num_rows,
+            )
+        return {"documents": counts["records"], **counts}
+
+
+class FilterWork(ShardWork):
+    """A filtering stage: every kept input row, with the filters' scores and decision."""
+
+    def __init__(self, stage: str, make_filters: Callable[[], Sequence[DocumentFilter]]) -> None:
+        self.stage = stage
+        self.filters = list(make_filters())
+
+    def process(self, shard: ShardInput, out: ShardOutput) -> dict[str, Any]:
+        writer = out.table(self.stage)
+        counts: list[dict[str, Any]] = []
+        for batch in kept_batches(shard, out):
+            decided, stats = run_filters(batch, self.filters)
+            writer.write(decided)
+            counts.append({**decision_counts(decided), "filters": stats.as_dict()["filters"]})
+        return merge_counts(counts)
+
+
+class SignatureWork(ShardWork):
+    """minhash_signatures: the exact hash and MinHash signature of every kept document."""
+
+    def __init__(self, config: MinHashConfig) -> None:
+        self.config = config
+
+    def process(self, shard: ShardInput, out: ShardOutput) -> dict[str, Any]:
+        writer = out.table("minhash_signatures", SIGNATURE_SCHEMA)
+        documents = 0
+        for batch in kept_batches(shard, out):
+            writer.write(compute_signatures(batch, self.config))
+            documents += batch.num_rows
+        return {"documents": documents}
+
+
+class DedupWork(ShardWork):
+    """deduplicated: each kept document's cluster, and the cut of every non-survivor."""
+
+    def __init__(self, clusters_path: str, source: str) -> None:
+        clusters = pq.read_table(clusters_path, filters=[("source", "=", source)])
+        self.clusters = clusters
+
+    def process(self, shard: ShardInput, out: ShardOutput) -> dict[str, Any]:
+        writer = out.table("deduplicated")
+        counts = []
+        for batch in kept_batches(shard, out):
+            decided = apply_dedup(batch, self.clusters)
+            writer.write(decided)
+            counts.append(decision_counts(decided))
+        return merge_counts(counts)
+
+
+class ScoringWork(ShardWork):
+    """scored_documents: the probe, then the judge for documents the probe lets through. Holds the
+    backbone and the heads, so it runs in an actor pool (one GPU per actor in production)."""
+
+    def __init__(self, heads_dir: str, source: str) -> None:
+        self.stored = load_heads(heads_dir)
+        self.backbone = load_backbone(self.stored.backbone_config)
+        self.thresholds = self.stored.thresholds[source]
+
+    def process(self, shard: ShardInput, out: ShardOutput) -> dict[str, Any]:
+        writer = out.table("scored_documents")
+        counts = []
+        batch_size = self.stored.backbone_config.batch_size
+        for batch in kept_batches(shard, out):
+            scored = score_documents(batch, self.backbone, self.stored.heads, self.thresholds, batch_size)
+            writer.write(scored)
+            exits = int(pc.sum(pc.equal(scored["reason"], PROBE_EXIT)).as_py() or 0)
+            counts.append({**decision_counts(scored), "early_exits": exits})
+        return merge_counts(counts)
+
+
+class TokenizeWork(ShardWork):
+    """Token shards of the kept scored documents: `<key>.bin` + `<key>.index.parquet` for training,
+    `<key>.heldout.parquet` for evaluation (the held-out split depends on each id alone)."""
+
+    def __init__(self, stage: str, tokenizer_path: str, eos_token: str, heldout_fraction: float) -> None:
+        self.stage = stage
+        self.tokenizer = load_tokenizer(Path(tokenizer_path))
+        self.eos = eos_id(self.tokenizer, eos_token)
+        self.heldout_fraction = heldout_fraction
+
+    def process(self, shard: ShardInput, out: ShardOutput) -> dict[str, Any]:
+        token_writer = TokenShardWriter(
+            self.tokenizer,
+            self.eos,
+            out.local_path(self.stage, ".bin"),
+            out.local_path(self.stage, ".index.parquet"),
+        )
+        heldout = out.table(self.stage, HELDOUT_SCHEMA)
+        documents = held = 0
+        with token_writer:
+            for batch in kept_batches(shard, out):
+                train, held_rows = split_heldout(batch, self.heldout_fraction)
+                token_writer.write(train)
+                heldout.write(heldout_table(held_rows, self.tokenizer, self.eos, out.source))
+                documents += batch.num_rows
+                held += held_rows.num_rows
+        return {"documents": documents, "heldout": held, "tokens": token_writer.tokens}
