@@ -1,5 +1,6 @@
 """Near-duplicate removal: MinHash signatures per source, clusters across all sources, then the cut."""
 
+import functools
 import time
 
 import dagster as dg
@@ -7,28 +8,34 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from moe_dag.assets.partitions import PER_SOURCE
-from moe_dag.assets.reporting import decision_result, reconcile_check_spec
-from moe_dag.data.dedup import apply_dedup, compute_signatures, find_duplicate_clusters
-from moe_dag.data.schema import kept_rows
-from moe_dag.resources import PipelineResource
+from moe_dag.assets.reporting import (
+    decision_result,
+    engine_metadata,
+    kept_upstream,
+    reconcile_check_spec,
+    run_source_stage,
+)
+from moe_dag.data.dedup import find_duplicate_clusters
+from moe_dag.data.engine import StageSpec
+from moe_dag.data.engine.stages import DedupWork, SignatureWork
+from moe_dag.resources import PipelineResource, RayResource
 
 
-@dg.asset(partitions_def=PER_SOURCE, group_name="curation", kinds={"parquet"}, deps=["prefiltered"])
-def minhash_signatures(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
-    """Exact-content hash and MinHash signature of every document the prefilter kept."""
-    source = context.partition_key
-    documents = kept_rows(pipeline.lake.read_table("prefiltered", source))
-    started = time.perf_counter()
-    signatures = compute_signatures(documents, pipeline.config.dedup)
-    pipeline.lake.write_table(signatures, "minhash_signatures", source)
-    seconds = time.perf_counter() - started
+@dg.asset(partitions_def=PER_SOURCE, group_name="curation", kinds={"parquet", "ray"}, deps=["prefiltered"])
+def minhash_signatures(
+    context: dg.AssetExecutionContext, pipeline: PipelineResource, ray: RayResource
+) -> dg.MaterializeResult:
+    """Exact-content hash and MinHash signature of every document the prefilter kept, one file per shard."""
+    config = pipeline.config.dedup
+    spec = StageSpec(
+        outputs=("minhash_signatures",),
+        make_work=functools.partial(SignatureWork, config),
+        params=repr(config),
+    )
+    run = run_source_stage(context, pipeline, ray, spec, "prefiltered")
+    documents = run.counts.get("documents", 0)
     return dg.MaterializeResult(
-        metadata={
-            "documents": signatures.num_rows,
-            "seconds": round(seconds, 2),
-            "documents_per_second": round(signatures.num_rows / max(seconds, 1e-9), 1),
-            "dagster/row_count": signatures.num_rows,
-        }
+        metadata={"documents": documents, "dagster/row_count": documents, **engine_metadata(run)}
     )
 
 
@@ -84,12 +91,17 @@ def dedup_clusters(context: dg.AssetExecutionContext, pipeline: PipelineResource
     deps=["prefiltered", "dedup_clusters"],
     check_specs=[reconcile_check_spec("deduplicated")],
 )
-def deduplicated(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
+def deduplicated(
+    context: dg.AssetExecutionContext, pipeline: PipelineResource, ray: RayResource
+) -> dg.MaterializeResult:
     """The source's prefiltered documents with every non-survivor of a duplicate cluster dropped."""
     source = context.partition_key
-    documents = kept_rows(pipeline.lake.read_table("prefiltered", source))
-    started = time.perf_counter()
-    clusters = pipeline.lake.read_table("dedup_clusters")
-    table = apply_dedup(documents, clusters.filter(pc.equal(clusters["source"], source)))
-    pipeline.lake.write_table(table, "deduplicated", source)
-    return decision_result(table, documents.num_rows, time.perf_counter() - started)
+    spec = StageSpec(
+        outputs=("deduplicated",),
+        make_work=functools.partial(DedupWork, pipeline.lake.url, source),
+        # New clusters (any source backfilled) redo every shard.
+        params=pipeline.lake.fingerprint("dedup_clusters"),
+        actor_pool=True,  # the cluster table loads once per actor
+    )
+    run = run_source_stage(context, pipeline, ray, spec, "prefiltered")
+    return decision_result(run, kept_upstream(pipeline, "prefiltered", source))

@@ -68,13 +68,20 @@ class Lake:
         one file per shard through the engine instead."""
         folder = self.dataset_dir(stage, source)
         final = posixpath.join(folder, PART_NAME)
-        with atomic_write(final, self.fs) as handle:
-            pq.write_table(table, handle, compression="zstd")
+        self.write_file(table, final)
         for stale in self.parquet_files(stage, source):
             if stale != final:
                 self.fs.rm(stale)
         self._remove_records(folder)
         return final
+
+    def fingerprint(self, stage: str, source: str | None = None) -> str:
+        """Names, sizes and modification times of a slice's files: changes whenever the slice is rewritten."""
+        parts = []
+        for path in self.parquet_files(stage, source):
+            info = self.fs.info(path)
+            parts.append(f"{path}:{info.get('size')}:{info.get('mtime') or info.get('LastModified')}")
+        return "\n".join(parts)
 
     def has_table(self, stage: str, source: str | None = None) -> bool:
         return bool(self.parquet_files(stage, source))
@@ -83,7 +90,7 @@ class Lake:
         """Every row of the slice, shard files concatenated in key order. Loads the whole slice: use
         `iter_batches` for anything that grows with the corpus."""
         files = self._existing_files(stage, source)
-        tables = [self._read_file(path, columns) for path in files]
+        tables = [self.read_file(path, columns) for path in files]
         return pa.concat_tables(tables, promote_options="default")
 
     def iter_batches(
@@ -96,6 +103,15 @@ class Lake:
         """The slice's rows in batches of at most `batch_rows`, one file open at a time."""
         for path in self._existing_files(stage, source):
             yield from read_batches(path, self.fs, columns, batch_rows)
+
+    def read_file(self, path: str, columns: list[str] | None = None) -> pa.Table:
+        with self.fs.open(path, "rb") as handle:
+            return pq.read_table(handle, columns=columns)
+
+    def write_file(self, table: pa.Table, path: str) -> None:
+        """Replace one file of the lake with `table`, atomically."""
+        with atomic_write(path, self.fs) as handle:
+            pq.write_table(table, handle, compression="zstd")
 
     def read_record(self, stage: str, source: str, key: str) -> dict[str, Any] | None:
         path = self._record_path(stage, source, key)
@@ -122,6 +138,12 @@ class Lake:
         """Keys of every shard with a file in the slice, finished or not."""
         folder = self.dataset_dir(stage, source)
         return {_stem(path) for path in self.fs.glob(posixpath.join(folder, "*.*"))}
+
+    def remove_record(self, stage: str, source: str, key: str) -> None:
+        """Mark a shard unfinished: the next run redoes it."""
+        path = self._record_path(stage, source, key)
+        if self.fs.exists(path):
+            self.fs.rm(path)
 
     def remove_shard(self, stage: str, source: str, key: str) -> None:
         """The shard's record first, so a kill half way leaves a shard that will be redone."""
@@ -156,10 +178,6 @@ class Lake:
                 f"{where} has not been materialised yet: {self.dataset_dir(stage, source)} holds no parquet"
             )
         return files
-
-    def _read_file(self, path: str, columns: list[str] | None) -> pa.Table:
-        with self.fs.open(path, "rb") as handle:
-            return pq.read_table(handle, columns=columns)
 
     def _record_path(self, stage: str, source: str, key: str) -> str:
         return posixpath.join(self.dataset_dir(stage, source), RECORDS_DIR, f"{key}.json")

@@ -135,7 +135,7 @@ def _on_ray(
     dataset = ray.data.from_items(items, override_num_blocks=len(items))
     size = min(workers, len(items))
     common = {"batch_size": 1, "batch_format": "pyarrow", "num_cpus": 1}
-    if spec.holds_model:
+    if spec.actor_pool:
         dataset = dataset.map_batches(
             _ShardActor,
             fn_constructor_kwargs={"spec": spec, "lake_url": lake_url, "source": source},

@@ -78,14 +78,23 @@ def upstream_inputs(lake: Lake, stage: str, source: str) -> list[ShardInput]:
             f"{lake.dataset_dir(stage, source)} holds no finished shard"
         )
     return [
-        ShardInput(key=key, path=lake.shard_path(stage, source, key), fingerprint=record["digest"])
+        ShardInput(key=key, path=lake.shard_path(stage, source, key), fingerprint=output_digest(record))
         for key, record in records.items()
     ]
 
 
+def output_digest(record: dict[str, Any]) -> str:
+    """What a finished shard's output depends on: its digest, unless a later step changed the output
+    without changing the input (ingest moving repeated ids to the quarantine)."""
+    return record.get("output_digest", record["digest"])
+
+
 def shard_digest(stage: str, params: str, shard: ShardInput) -> str:
-    text = "\0".join([stage, params, shard.key, shard.fingerprint])
-    return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
+    return digest_text(stage, params, shard.key, shard.fingerprint)
+
+
+def digest_text(*parts: str) -> str:
+    return hashlib.blake2b("\0".join(parts).encode(), digest_size=12).hexdigest()
 
 
 def plan_shards(

@@ -2,10 +2,10 @@
 
 A stage is described by a `StageSpec`: the lake stages it writes, a picklable factory for its
 `ShardWork` (called once per worker, so a model loads once per Ray actor), and whether that work holds
-a model (then it runs in an actor pool, else as stateless tasks). `process_shard` runs the work on one
-shard and commits it: every output file is written under a temporary name, all are renamed into place,
-and only then is the completion record written. A shard killed at any point is therefore either done
-(record present, files complete) or redone on the next run.
+a model or a large table (then it runs in an actor pool, else as stateless tasks). `process_shard`
+runs the work on one shard and commits it: every output file is written under a temporary name, all
+are renamed into place, and only then is the completion record written. A shard killed at any point
+is therefore either done (record present, files complete) or redone on the next run.
 
 `process_shard` is a plain function: the Ray engine calls it in tasks and actors, a test or a notebook
 can call it in a loop.
@@ -44,7 +44,7 @@ class StageSpec:
     outputs: tuple[str, ...]  # lake stages written per shard; the first holds the completion records
     make_work: Callable[[], ShardWork]  # picklable; runs on the worker
     params: str = ""  # everything besides the input the output depends on (config, model versions)
-    holds_model: bool = False  # an actor pool that builds the work once per actor, else tasks
+    actor_pool: bool = False  # work holding a model or a table: built once per actor, else once per task
     num_gpus: float = 0.0  # per actor
 
     @property

@@ -20,19 +20,16 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from moe_dag.data.dedup import SIGNATURE_SCHEMA, MinHashConfig, apply_dedup, compute_signatures
 from moe_dag.data.engine.shards import ShardInput
 from moe_dag.data.engine.stage import ShardOutput, ShardWork, merge_counts
 from moe_dag.data.filters import DocumentFilter, run_filters
-from moe_dag.data.heads import load_backbone, load_heads
-from moe_dag.data.lake import read_batches
+from moe_dag.data.lake import Lake, read_batches
 from moe_dag.data.mixture.build import HELDOUT_SCHEMA, heldout_table, split_heldout
 from moe_dag.data.mixture.token_shards import TokenShardWriter
 from moe_dag.data.readers import read_shard_batches
-from moe_dag.data.schema import DOCUMENT_SCHEMA, kept_rows, reason_counts
-from moe_dag.data.scoring import PROBE_EXIT, score_documents
+from moe_dag.data.schema import DOCUMENT_SCHEMA, QUARANTINE_SCHEMA, kept_rows, reason_counts
 from moe_dag.data.tokenizer import eos_id, load_tokenizer
 
 
@@ -57,7 +54,7 @@ class IngestWork(ShardWork):
 
     def process(self, shard: ShardInput, out: ShardOutput) -> dict[str, Any]:
         documents = out.table("raw_documents", DOCUMENT_SCHEMA)
-        quarantine = out.table("quarantine")  # only shards with bad records get a quarantine file
+        quarantine = out.table("quarantine", QUARANTINE_SCHEMA)
         counts = Counter()
         for piece in read_shard_batches(shard.path, out.source):
             documents.write(piece.documents)
@@ -104,11 +101,12 @@ class SignatureWork(ShardWork):
 
 
 class DedupWork(ShardWork):
-    """deduplicated: each kept document's cluster, and the cut of every non-survivor."""
+    """deduplicated: each kept document's cluster, and the cut of every non-survivor. Holds the
+    source's rows of the cluster table, so it runs in an actor pool."""
 
-    def __init__(self, clusters_path: str, source: str) -> None:
-        clusters = pq.read_table(clusters_path, filters=[("source", "=", source)])
-        self.clusters = clusters
+    def __init__(self, lake_url: str, source: str) -> None:
+        clusters = Lake(lake_url).read_table("dedup_clusters")
+        self.clusters = clusters.filter(pc.equal(clusters["source"], source))
 
     def process(self, shard: ShardInput, out: ShardOutput) -> dict[str, Any]:
         writer = out.table("deduplicated")
@@ -125,6 +123,9 @@ class ScoringWork(ShardWork):
     backbone and the heads, so it runs in an actor pool (one GPU per actor in production)."""
 
     def __init__(self, heads_dir: str, source: str) -> None:
+        # torch and transformers load only in the processes that score, not in every worker.
+        from moe_dag.data.heads import load_backbone, load_heads
+
         self.stored = load_heads(heads_dir)
         self.backbone = load_backbone(self.stored.backbone_config)
         self.thresholds = self.stored.thresholds[source]
@@ -133,20 +134,37 @@ class ScoringWork(ShardWork):
         writer = out.table("scored_documents")
         counts = []
         batch_size = self.stored.backbone_config.batch_size
+        from moe_dag.data.scoring import early_exit_summary, score_documents
+
         for batch in kept_batches(shard, out):
             scored = score_documents(batch, self.backbone, self.stored.heads, self.thresholds, batch_size)
             writer.write(scored)
-            exits = int(pc.sum(pc.equal(scored["reason"], PROBE_EXIT)).as_py() or 0)
-            counts.append({**decision_counts(scored), "early_exits": exits})
+            exits = early_exit_summary(scored, self.stored.backbone_config)
+            counts.append(
+                {
+                    **decision_counts(scored),
+                    # Rates weighted by documents, so they add up over batches and shards.
+                    "early_exits": round(exits["early_exit_rate"] * scored.num_rows),
+                    "layer_compute_saved": exits["layer_compute_saved"] * scored.num_rows,
+                }
+            )
         return merge_counts(counts)
 
 
 class TokenizeWork(ShardWork):
-    """Token shards of the kept scored documents: `<key>.bin` + `<key>.index.parquet` for training,
-    `<key>.heldout.parquet` for evaluation (the held-out split depends on each id alone)."""
+    """Token shards of the kept scored documents: `<key>.bin` + `<key>.index.parquet` under
+    `tokens_stage` for training, `<key>.parquet` under `heldout_stage` for evaluation (the held-out
+    split depends on each id alone, so it is the same whatever the shards)."""
 
-    def __init__(self, stage: str, tokenizer_path: str, eos_token: str, heldout_fraction: float) -> None:
-        self.stage = stage
+    def __init__(
+        self,
+        tokens_stage: str,
+        heldout_stage: str,
+        tokenizer_path: str,
+        eos_token: str,
+        heldout_fraction: float,
+    ) -> None:
+        self.tokens_stage, self.heldout_stage = tokens_stage, heldout_stage
         self.tokenizer = load_tokenizer(Path(tokenizer_path))
         self.eos = eos_id(self.tokenizer, eos_token)
         self.heldout_fraction = heldout_fraction
