@@ -135,9 +135,10 @@ class Lake:
             handle.write(json.dumps(record, sort_keys=True).encode())
 
     def stored_keys(self, stage: str, source: str) -> set[str]:
-        """Keys of every shard with a file in the slice, finished or not."""
+        """Keys of every shard with a file in the slice, finished or not (temporaries aside)."""
         folder = self.dataset_dir(stage, source)
-        return {_stem(path) for path in self.fs.glob(posixpath.join(folder, "*.*"))}
+        paths = self.fs.glob(posixpath.join(folder, "*.*"))
+        return {_stem(path) for path in paths if not posixpath.basename(path).startswith(".")}
 
     def remove_record(self, stage: str, source: str, key: str) -> None:
         """Mark a shard unfinished: the next run redoes it."""

@@ -59,12 +59,14 @@ def connect(config: RayConfig) -> str:
         if address:
             ray.init(address=address)
         else:
-            # "local" starts a new instance even if a `ray start` cluster runs on this machine.
+            # "local" starts a new instance even if a `ray start` cluster runs on this machine; it
+            # listens on the loopback interface only, as nothing outside this machine needs it.
             ray.init(
                 address="local",
                 num_cpus=config.num_cpus or os.cpu_count(),
                 object_store_memory=local_object_store_bytes(config),
                 include_dashboard=False,
+                _node_ip_address="127.0.0.1",
             )
         _quiet_ray_data()
     resources = ray.cluster_resources()
@@ -84,5 +86,5 @@ def _quiet_ray_data() -> None:
 
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False
-    context.print_on_execution_start = False
     logging.getLogger("ray.data").setLevel(logging.WARNING)
+    logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)  # "progress bars disabled"
