@@ -4,6 +4,7 @@ import functools
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -222,6 +223,7 @@ def test_a_stage_runs_on_a_ray_head_by_address(tmp_path, local_ray):
         except subprocess.TimeoutExpired:
             os.killpg(head.pid, signal.SIGKILL)
             head.wait()
+        shutil.rmtree(f"/tmp/moe-ray-{port}", ignore_errors=True)
     local = ingested(tmp_path, "local")
     run_stage(prefilter_spec(), local, "web", upstream_inputs(local, "raw_documents", "web"))
     assert sorted_rows(remote, "prefiltered").equals(sorted_rows(local, "prefiltered"))

@@ -55,7 +55,7 @@ class IngestWork(ShardWork):
     def process(self, shard: ShardInput, out: ShardOutput) -> dict[str, Any]:
         documents = out.table("raw_documents", DOCUMENT_SCHEMA)
         quarantine = out.table("quarantine", QUARANTINE_SCHEMA)
-        counts = Counter()
+        counts = Counter(records=0, kept=0, quarantined=0)
         for piece in read_shard_batches(shard.path, out.source):
             documents.write(piece.documents)
             if piece.quarantine.num_rows:
