@@ -136,11 +136,9 @@ def _on_ray(
     size = min(workers, len(items))
     common = {"batch_size": 1, "batch_format": "pyarrow", "num_cpus": 1}
     if spec.actor_pool:
-        # The actor class carries its arguments, pickled with it: constructor arguments would go through
-        # the object store, and Ray warns at error level about restarting such actors.
-        actor = type("ShardActor", (_ShardActor,), {"spec": spec, "lake_url": lake_url, "source": source})
         dataset = dataset.map_batches(
-            actor,
+            _ShardActor,
+            fn_constructor_kwargs={"spec": spec, "lake_url": lake_url, "source": source},
             compute=ray.data.ActorPoolStrategy(size=size),
             **({"num_gpus": spec.num_gpus} if spec.num_gpus else {}),
             **common,
@@ -163,13 +161,9 @@ def _shard_task(batch: pa.Table, spec: StageSpec, lake_url: str, source: str) ->
 class _ShardActor:
     """One worker of an actor pool: builds the stage's work (loads its model) once."""
 
-    spec: StageSpec
-    lake_url: str
-    source: str
-
-    def __init__(self) -> None:
-        self.lake = Lake(self.lake_url)
-        self.work = self.spec.make_work()
+    def __init__(self, spec: StageSpec, lake_url: str, source: str) -> None:
+        self.spec, self.lake, self.source = spec, Lake(lake_url), source
+        self.work = spec.make_work()
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         return _process_batch(batch, self.spec, self.work, self.lake, self.source)
