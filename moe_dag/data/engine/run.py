@@ -75,10 +75,11 @@ def run_stage(
         log(f"{name}: {done} shards already done, {todo} to do, {removed} removed")
     started = time.perf_counter()
     records = dict(plan.done)
-    errors, documents, last_log = [], 0, started
+    errors, documents, finished, last_log = [], 0, 0, started
     with tqdm(total=len(plan.todo), desc=name, unit="shard", disable=None if plan.todo else True) as bar:
         for result in _results(spec, lake, source, plan.todo, workers):
             bar.update(1)
+            finished += 1
             if "error" in result:
                 errors.append(result["error"])
                 continue
@@ -88,7 +89,7 @@ def run_stage(
             bar.set_postfix(documents=documents, docs_per_s=round(rate))
             if log and time.perf_counter() - last_log >= LOG_EVERY_S:
                 last_log = time.perf_counter()
-                log(f"{name}: {bar.n}/{len(plan.todo)} shards, {documents} documents, {rate:.0f} docs/s")
+                log(f"{name}: {finished}/{len(plan.todo)} shards, {documents} documents, {rate:.0f} docs/s")
     seconds = time.perf_counter() - started
     if errors:
         raise ShardStageError(
