@@ -115,7 +115,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--docs-per-source", type=int, default=1000)
     parser.add_argument("--copies", type=int, default=4)
-    parser.add_argument("--throughput-copies", type=int, default=4)
+    parser.add_argument("--throughput-copies", type=int, default=8)
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="data-plane-") as folder:
