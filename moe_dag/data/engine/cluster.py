@@ -59,14 +59,15 @@ def connect(config: RayConfig) -> str:
         if address:
             ray.init(address=address)
         else:
-            # "local" starts a new instance even if a `ray start` cluster runs on this machine; it
-            # listens on the loopback interface only, as nothing outside this machine needs it.
+            # "local" starts a new instance even if a `ray start` cluster runs on this machine. Its
+            # workers' own log lines (actor pools winding down, ...) stay in Ray's session logs: a
+            # failed shard reaches the caller as an error naming its file, not as console noise.
             ray.init(
                 address="local",
                 num_cpus=config.num_cpus or os.cpu_count(),
                 object_store_memory=local_object_store_bytes(config),
                 include_dashboard=False,
-                _node_ip_address="127.0.0.1",
+                log_to_driver=False,
             )
         _quiet_ray_data()
     resources = ray.cluster_resources()
