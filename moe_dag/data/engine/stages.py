@@ -173,10 +173,10 @@ class TokenizeWork(ShardWork):
         token_writer = TokenShardWriter(
             self.tokenizer,
             self.eos,
-            out.local_path(self.stage, ".bin"),
-            out.local_path(self.stage, ".index.parquet"),
+            out.local_path(self.tokens_stage, ".bin"),
+            out.local_path(self.tokens_stage, ".index.parquet"),
         )
-        heldout = out.table(self.stage, HELDOUT_SCHEMA)
+        heldout = out.table(self.heldout_stage, HELDOUT_SCHEMA)
         documents = held = 0
         with token_writer:
             for batch in kept_batches(shard, out):
