@@ -24,6 +24,7 @@ import yaml
 
 from moe_dag.data.dedup import MinHashConfig
 from moe_dag.data.demo_corpus import DemoCorpusConfig
+from moe_dag.data.engine import RayConfig
 from moe_dag.data.filters import PrefilterConfig, ToxicityConfig
 from moe_dag.data.heads import BackboneConfig, CalibrationConfig, HeadTrainConfig
 from moe_dag.data.mixture import MixtureConfig
@@ -112,6 +113,7 @@ class PipelineConfig:
     mixture: MixtureConfig  # its weights come from the sources' mixture_weight
     training: TrainingLaunchConfig = field(default_factory=TrainingLaunchConfig)
     demo_corpus: DemoCorpusConfig | None = None
+    ray: RayConfig = field(default_factory=RayConfig)  # where the data stages run (default: local Ray)
 
     @property
     def source_names(self) -> list[str]:

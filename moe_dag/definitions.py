@@ -23,7 +23,7 @@ from moe_dag.assets import (
 from moe_dag.assets.partitions import bind_source_partitions
 from moe_dag.config import config_path_from_env, load_config
 from moe_dag.instance_health import free_dead_runs
-from moe_dag.resources import PipelineResource
+from moe_dag.resources import PipelineResource, RayResource
 
 ASSET_MODULES = [ingest, prefilter, dedup, toxicity, oracle, heads, scoring, catalog, mixture, training]
 
@@ -66,15 +66,20 @@ def stuck_run_reaper(context: dg.SensorEvaluationContext) -> dg.SkipReason:
 def build_definitions(config_path: str | Path | None = None) -> dg.Definitions:
     """Every asset, check, job, schedule and resource for the pipeline config at `config_path`."""
     path = Path(config_path) if config_path is not None else config_path_from_env()
-    sources = load_config(path).source_names
-    partitions, assets = bind_source_partitions(dg.load_assets_from_modules(ASSET_MODULES), sources)
+    config = load_config(path)
+    partitions, assets = bind_source_partitions(
+        dg.load_assets_from_modules(ASSET_MODULES), config.source_names
+    )
     return dg.Definitions(
         assets=assets,
         asset_checks=dg.load_asset_checks_from_modules(ASSET_MODULES),
         jobs=[curate_source, rescore_sources],
         schedules=[weekly_rescoring_schedule(partitions)],
         sensors=[stuck_run_reaper, dedup.dedup_consistency],
-        resources={"pipeline": PipelineResource(config_path=str(path))},
+        resources={
+            "pipeline": PipelineResource(config_path=str(path)),
+            "ray": RayResource.from_config(config.ray),
+        },
     )
 
 

@@ -1,13 +1,15 @@
-"""Dagster resources: the pipeline config and what is derived from it (lake, catalog, oracle)."""
+"""Dagster resources: the pipeline config and what is derived from it (lake, catalog, oracle), and Ray."""
 
 from __future__ import annotations
 
+import dataclasses
 from functools import cached_property
 
 import dagster as dg
 
 from moe_dag.config import PipelineConfig, load_config
 from moe_dag.data.catalog import Catalog
+from moe_dag.data.engine import RayConfig, ShardInput, StageRun, StageSpec, connect, run_stage
 from moe_dag.data.lake import Lake
 from moe_dag.data.oracle import OpenAICompatibleOracle, Oracle, RuleBasedOracle, VLLMEngineOracle
 
@@ -36,3 +38,38 @@ class PipelineResource(dg.ConfigurableResource):
         if settings.backend == "vllm":
             return VLLMEngineOracle(settings.vllm)
         return RuleBasedOracle()
+
+
+class RayResource(dg.ConfigurableResource):
+    """Where the data stages run: the Ray cluster at `address` (else `RAY_ADDRESS`), else a local Ray
+    sized to this machine, started on first use and kept for the life of the process.
+
+    Not dagster-ray's `LocalRay`: that one disconnects after every run, so each materialisation would
+    pay a Ray start (seconds), and it leaves the object store at Ray's default of 30% of memory. Its
+    `KubeRayCluster` can still create a cluster on Kubernetes: pass that cluster's address here."""
+
+    address: str | None = None
+    num_cpus: int | None = None
+    object_store_gb: float | None = None
+    workers: int | None = None
+    scoring_gpus: float = 0.0
+
+    @classmethod
+    def from_config(cls, config: RayConfig) -> RayResource:
+        return cls(**dataclasses.asdict(config))
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        where = connect(RayConfig(**self.model_dump()))
+        if context.log is not None:
+            context.log.info(where)
+
+    def run_stage(
+        self,
+        context: dg.AssetExecutionContext,
+        spec: StageSpec,
+        lake: Lake,
+        source: str,
+        inputs: list[ShardInput],
+    ) -> StageRun:
+        """Bring one source's slice of a stage up to date, logging progress to the run."""
+        return run_stage(spec, lake, source, inputs, workers=self.workers, log=context.log.info)

@@ -84,17 +84,19 @@ def _dedup(catalog: Catalog) -> list[str]:
 
 
 # A duplicate counts as caught when it and its original did not both survive: dedup keeps whichever of
-# the two the survivor rule prefers, not necessarily the original.
+# the two the survivor rule prefers, not necessarily the original. `duplicate_of` holds the original's id
+# as written in its shard, before ingest namespaced it by source.
 NOISE_SQL = """
 WITH fate AS (
-    SELECT r.id, json_extract_string(r.metadata, '$.demo_noise') AS noise,
+    SELECT r.id, substr(r.id, length(r.source) + 2) AS shard_id,
+           json_extract_string(r.metadata, '$.demo_noise') AS noise,
            json_extract_string(r.metadata, '$.duplicate_of') AS duplicate_of,
            coalesce(t.keep, false) AS survived
     FROM raw_documents r LEFT JOIN toxicity_filtered t USING (source, id)
 )
 SELECT f.noise, count(*) AS injected,
        count(*) FILTER (WHERE NOT (f.survived AND (f.duplicate_of IS NULL OR coalesce(o.survived, false))))
-FROM fate f LEFT JOIN fate o ON o.id = f.duplicate_of
+FROM fate f LEFT JOIN fate o ON o.shard_id = f.duplicate_of
 WHERE f.noise IS NOT NULL GROUP BY f.noise ORDER BY f.noise
 """
 

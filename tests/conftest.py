@@ -1,7 +1,20 @@
-"""Test-wide settings."""
+"""Test-wide settings and shared fixtures."""
 
+import pytest
 import torch
 
 # The tests run many small tensor ops. On a shared 2-core machine torch's intra-op threads wait on
 # each other more than they help: the MoE balancing test took 34 s with 2 threads and 2 s with 1.
 torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def local_ray():
+    """A local Ray with two CPUs and a small object store, started once and stopped at the end."""
+    import ray
+
+    from moe_dag.data.engine import RayConfig, connect
+
+    connect(RayConfig(num_cpus=2, object_store_gb=0.25))
+    yield
+    ray.shutdown()

@@ -34,7 +34,7 @@ def tiny_config(tmp_path: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_whole_graph_materialises_and_every_row_is_accounted_for(tmp_path, capsys):
+def test_whole_graph_materialises_and_every_row_is_accounted_for(tmp_path, capsys, local_ray):
     config_path = tiny_config(tmp_path)
     config = load_config(config_path)
     manifest = build_demo_corpus(tmp_path / "corpus", config.demo_corpus)

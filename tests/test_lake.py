@@ -43,3 +43,27 @@ def test_chain_breaks_reports_rows_lost_between_stages():
         ("scored_documents", "code", 6, 4, 2),
     ]
     assert chain_breaks(funnel) == ["code: prefiltered kept 7 but deduplicated received 6"]
+
+
+def test_views_glob_every_shard_file_and_skip_records_and_temporaries(tmp_path):
+    lake = Lake(tmp_path / "lake")
+    for source, key, rows in (("a", "shard-0", 2), ("a", "shard-1", 3), ("b", "shard-0", 1)):
+        lake.write_file(
+            pa.table({"source": [source] * rows, "keep": [True] * rows}),
+            lake.shard_path("stage", source, key),
+        )
+        lake.write_record("stage", source, key, {"digest": key})
+    (tmp_path / "lake" / "stage" / "source=a" / ".tmp-abc-shard-2.parquet.partial").write_bytes(b"half")
+    catalog = Catalog(tmp_path / "catalog.duckdb", lake)
+    assert catalog.refresh({"stage": True}) == ["stage"]
+    assert catalog.query("SELECT source, count(*) FROM stage GROUP BY source ORDER BY source") == [
+        ("a", 5),
+        ("b", 1),
+    ]
+    assert lake.read_table("stage", "a").num_rows == 5 and sorted(lake.records("stage", "a")) == [
+        "shard-0",
+        "shard-1",
+    ]
+
+    lake.remove_shard("stage", "a", "shard-0")
+    assert lake.stored_keys("stage", "a") == {"shard-1"} and sorted(lake.records("stage", "a")) == ["shard-1"]

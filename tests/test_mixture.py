@@ -12,7 +12,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moe_dag.data.mixture import MixtureConfig, MixtureSampler, TokenShard, build_mixture, rank_slice
+from moe_dag.data.mixture import (
+    MixtureConfig,
+    MixtureSampler,
+    SourceTokens,
+    TokenShard,
+    build_mixture,
+    pack_mixture,
+    rank_slice,
+)
+from moe_dag.data.mixture.build import heldout_table, split_heldout
 from moe_dag.data.mixture.token_shards import token_dtype, write_token_shard
 from moe_dag.data.tokenizer import TokenizerConfig, train_tokenizer
 
@@ -293,3 +302,24 @@ def test_rank_slices_are_disjoint_and_cover_every_row(num_sequences, world_size)
     assert max(map(len, rows)) - min(map(len, rows)) <= 1
     with pytest.raises(ValueError, match="outside world_size"):
         rank_slice(num_sequences, world_size, world_size)
+
+
+def test_token_shards_per_input_shard_pack_the_same_mixture(corpus, built, tmp_path):
+    """The engine tokenises each input shard alone; end to end they must give the files one shard gives."""
+    documents, tokenizer = corpus
+    _, one_shard_dir = built
+    eos = tokenizer.token_to_id(CONFIG.eos_token)
+    sources, heldout = {}, []
+    for source in sorted(documents):
+        train, held = split_heldout(documents[source], CONFIG.heldout_fraction)
+        halves = [train.slice(0, train.num_rows // 2), train.slice(train.num_rows // 2)]
+        shards = [
+            write_token_shard(half, tokenizer, eos, tmp_path / "shards", f"{source}-{i}")
+            for i, half in enumerate(halves)
+        ]
+        sources[source] = SourceTokens(source, shards)
+        heldout.append(heldout_table(held, tokenizer, eos, source))
+    vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+    pack_mixture(sources, pa.concat_tables(heldout), vocab_size, eos, CONFIG, tmp_path)
+    for name in ("train.npy", "heldout.parquet", "mixture.json"):
+        assert (tmp_path / name).read_bytes() == (one_shard_dir / name).read_bytes(), name

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from moe_dag.data.readers import ShardReadError, list_shards, read_shard, read_shards
+from moe_dag.data.readers import ShardReadError, list_shards, read_shard, read_shard_batches, read_shards
 from moe_dag.data.schema import DOCUMENT_SCHEMA, QUARANTINE_SCHEMA
 
 # The structure of a real line of Dolma's Common Crawl test data (allenai/dolma, Apache-2.0), text cut.
@@ -38,11 +38,11 @@ def test_real_dolma_line_keeps_every_field(tmp_path):
     path = tmp_path / "cc_en_head-0000.json.gz"
     path.write_bytes(gzip.compress((DOLMA_LINE + "\n").encode()))
     result = read_shard(str(path), "cc")
-    assert result.quarantine.num_rows == 0 and result.lines_read == 1
+    assert result.quarantine.num_rows == 0 and result.records_read == 1
     assert result.documents.schema == DOCUMENT_SCHEMA
     row = result.documents.to_pylist()[0]
     original = json.loads(DOLMA_LINE)
-    assert row["id"] == original["id"] and row["text"] == original["text"]
+    assert row["id"] == "cc/" + original["id"] and row["text"] == original["text"]
     assert (row["source"], row["shard"], row["line"]) == ("cc", str(path), 1)
     assert (row["added"], row["created"]) == ("2023-04-07T15:24:38.743534+00:00", "2020-03-29T09:04:10Z")
     assert json.loads(row["metadata"]) == {**original["metadata"], "dolma_source": "common-crawl"}
@@ -81,10 +81,10 @@ def test_each_bad_line_is_quarantined_with_a_precise_error(tmp_path):
     assert set(result.quarantine["source"].to_pylist()) == {"web"}
     assert result.quarantine.to_pylist()[0]["raw"] == lines[1].decode().strip()
     docs = result.documents.to_pylist()
-    assert [(d["id"], d["line"]) for d in docs] == [("doc-1", 1), ("7", 11)]
+    assert [(d["id"], d["line"]) for d in docs] == [("web/doc-1", 1), ("web/7", 11)]
     assert json.loads(docs[1]["metadata"]) == {"dolma_version": "v3"}
     assert docs[1]["added"] is None and docs[1]["created"] is None
-    assert result.lines_read == result.documents.num_rows + result.quarantine.num_rows == 10
+    assert result.records_read == result.documents.num_rows + result.quarantine.num_rows == 10
 
 
 def test_raw_line_is_truncated_to_1000_characters(tmp_path):
@@ -100,7 +100,7 @@ def _assert_cut_after_some_lines(result, total: int) -> None:
     assert result.quarantine.to_pylist() == [
         {**result.quarantine.to_pylist()[0], "line": len(good) + 1, "error": "truncated compressed stream"}
     ]
-    assert result.lines_read == len(good) + 1
+    assert result.records_read == len(good) + 1
 
 
 def test_truncated_gzip_keeps_the_lines_before_the_cut(tmp_path):
@@ -155,7 +155,7 @@ def test_parquet_shard_rows_become_documents(tmp_path):
     pq.write_table(table, path)
     result = read_shard(str(path), "web")
     docs = result.documents.to_pylist()
-    assert [(d["id"], d["line"], d["created"]) for d in docs] == [("1", 1, None), ("3", 3, None)]
+    assert [(d["id"], d["line"], d["created"]) for d in docs] == [("web/1", 1, None), ("web/3", 3, None)]
     assert json.loads(docs[1]["metadata"]) == {"lang": "fr", "dolma_source": "s3-dump"}
     assert result.quarantine.select(["line", "error"]).to_pylist() == [
         {"line": 2, "error": "field 'text' is not a string"}
@@ -191,9 +191,9 @@ def test_memory_filesystem_url_lists_and_reads(tmp_path):
         shards = list_shards(f"{root}/web")
         assert [s.startswith("memory://") for s in shards] == [True, True]
         result = read_shards(shards, "web")
-        assert result.documents["id"].to_pylist() == ["doc-0", "doc-1", "doc-2"]
+        assert result.documents["id"].to_pylist() == ["web/doc-0", "web/doc-1", "web/doc-2"]
         assert result.quarantine.select(["shard", "line"]).to_pylist() == [{"shard": shards[1], "line": 2}]
-        assert result.lines_read == 4
+        assert result.records_read == 4
     finally:
         fs.rm(root.removeprefix("memory://"), recursive=True)
 
@@ -201,4 +201,66 @@ def test_memory_filesystem_url_lists_and_reads(tmp_path):
 def test_read_shards_of_nothing_is_empty_with_the_schemas():
     result = read_shards([], "web")
     assert result.documents.schema == DOCUMENT_SCHEMA and result.documents.num_rows == 0
-    assert result.quarantine.schema == QUARANTINE_SCHEMA and result.lines_read == 0
+    assert result.quarantine.schema == QUARANTINE_SCHEMA and result.records_read == 0
+
+
+def test_lone_cr_and_crlf_line_endings_split_records(tmp_path):
+    """Old Mac files end lines with a lone CR: three records must not become one quarantine row."""
+    records = [json.dumps({"id": f"r{i}", "text": f"record {i}"}).encode() for i in range(3)]
+    for ending, name in ((b"\r", "cr.jsonl"), (b"\r\n", "crlf.jsonl")):
+        path = tmp_path / name
+        path.write_bytes(ending.join(records) + ending)
+        result = read_shard(str(path), "web")
+        assert result.quarantine.num_rows == 0, name
+        assert result.documents.select(["id", "line"]).to_pylist() == [
+            {"id": f"web/r{i}", "line": i + 1} for i in range(3)
+        ]
+        assert result.records_read == 3
+
+
+def test_a_crlf_split_across_read_chunks_is_one_line_ending(tmp_path, monkeypatch):
+    monkeypatch.setattr("moe_dag.data.readers.CHUNK_BYTES", 7)
+    path = tmp_path / "small-chunks.jsonl"
+    path.write_bytes(b"".join(json.dumps({"id": i, "text": "t" * i}).encode() + b"\r\n" for i in range(1, 9)))
+    result = read_shard(str(path), "web")
+    assert result.quarantine.num_rows == 0
+    assert result.documents["line"].to_pylist() == list(range(1, 9))
+
+
+def test_a_leading_utf8_bom_is_stripped(tmp_path):
+    path = tmp_path / "bom.jsonl.gz"
+    path.write_bytes(gzip.compress(b"\xef\xbb\xbf" + _line(0) + _line(1)))
+    result = read_shard(str(path), "web")
+    assert result.quarantine.num_rows == 0
+    assert result.documents["id"].to_pylist() == ["web/doc-0", "web/doc-1"]
+
+
+def test_records_run_together_on_one_line_are_each_quarantined(tmp_path):
+    """Two records with the line break lost between them: the reconcile counts both."""
+    path = tmp_path / "joined.jsonl"
+    path.write_bytes(b'{"id": "a", "text": "one"}{"id": "b", "text": "two"}\n' + _line(3))
+    result = read_shard(str(path), "web")
+    rows = result.quarantine.select(["line", "error", "raw"]).to_pylist()
+    assert [(row["line"], row["error"]) for row in rows] == [
+        (1, "2 JSON records on one line (a lost line break?): record 1"),
+        (1, "2 JSON records on one line (a lost line break?): record 2"),
+    ]
+    assert rows[1]["raw"] == '{"id": "b", "text": "two"}'
+    assert result.records_read == 3 == result.documents.num_rows + result.quarantine.num_rows
+
+
+def test_ids_are_namespaced_by_source(tmp_path):
+    path = tmp_path / "ids.jsonl"
+    path.write_bytes(_line(0))
+    assert read_shard(str(path), "cc").documents["id"].to_pylist() == ["cc/doc-0"]
+    assert read_shard(str(path), "code").documents["id"].to_pylist() == ["code/doc-0"]
+
+
+def test_batches_stream_a_shard_in_bounded_pieces(tmp_path):
+    path = tmp_path / "many.jsonl.zst"
+    path.write_bytes(zstandard.ZstdCompressor().compress(b"".join(_line(i) for i in range(25)) + b"{bad\n"))
+    batches = list(read_shard_batches(str(path), "web", batch_rows=10))
+    assert [b.documents.num_rows for b in batches] == [10, 10, 5]
+    assert sum(b.quarantine.num_rows for b in batches) == 1
+    whole = read_shard(str(path), "web")
+    assert pa.concat_tables([b.documents for b in batches]).equals(whole.documents)

@@ -9,10 +9,11 @@ and re-clusters first if signatures changed after the last clustering. The block
 ones, so its rows do not flow on. After any sequence of per-source backfills the kept set is that of a
 full recomputation (tests/test_dedup_backfill.py).
 
-The lake is touched in `_signature_files` (what the global step reads) and in the `read_table` and
-`write_table` calls of each asset.
+`minhash_signatures` and `deduplicated` run shard by shard on the data-plane engine (one output file
+per input shard); the global step reads the signature files through `_signature_files`, never texts.
 """
 
+import functools
 import time
 
 import dagster as dg
@@ -20,44 +21,46 @@ import pyarrow.compute as pc
 
 from moe_dag.assets.partitions import PER_SOURCE
 from moe_dag.assets.plots import bars_png, png_markdown
-from moe_dag.assets.reporting import decision_result, reconcile_check_spec
+from moe_dag.assets.reporting import (
+    decision_result,
+    engine_metadata,
+    kept_upstream,
+    reconcile_check_spec,
+    run_source_stage,
+)
 from moe_dag.data.dedup import (
     CLUSTER_VERSION,
-    apply_dedup,
     built_from_version,
     cluster_versions,
-    compute_signatures,
     find_duplicate_clusters,
     signature_rows,
 )
 from moe_dag.data.dedup.clusters import EMPTY_VERSION
 from moe_dag.data.dedup.report import DuplicateReport, duplicate_report
+from moe_dag.data.engine import StageSpec
+from moe_dag.data.engine.stages import DedupWork, SignatureWork
 from moe_dag.data.lake import Lake
-from moe_dag.data.schema import kept_rows
-from moe_dag.resources import PipelineResource
+from moe_dag.resources import PipelineResource, RayResource
 
 VERSIONS = "cluster_versions"  # dedup_clusters metadata: {source: version}
 VERSION_COLUMNS = ["id", "source", "cluster_id", "match"]  # what a version is computed from
 
 
-@dg.asset(partitions_def=PER_SOURCE, group_name="curation", kinds={"parquet"}, deps=["prefiltered"])
-def minhash_signatures(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
-    """Exact-content hash and MinHash signature of every document the prefilter kept."""
-    source = context.partition_key
-    documents = kept_rows(
-        pipeline.lake.read_table("prefiltered", source, columns=["id", "source", "text", "keep"])
+@dg.asset(partitions_def=PER_SOURCE, group_name="curation", kinds={"parquet", "ray"}, deps=["prefiltered"])
+def minhash_signatures(
+    context: dg.AssetExecutionContext, pipeline: PipelineResource, ray: RayResource
+) -> dg.MaterializeResult:
+    """Exact-content hash and MinHash signature of every document the prefilter kept, one file per shard."""
+    config = pipeline.config.dedup
+    spec = StageSpec(
+        outputs=("minhash_signatures",),
+        make_work=functools.partial(SignatureWork, config),
+        params=repr(config),
     )
-    started = time.perf_counter()
-    signatures = compute_signatures(documents, pipeline.config.dedup)
-    pipeline.lake.write_table(signatures, "minhash_signatures", source)
-    seconds = time.perf_counter() - started
+    run = run_source_stage(context, pipeline, ray, spec, "prefiltered")
+    documents = run.counts.get("documents", 0)
     return dg.MaterializeResult(
-        metadata={
-            "documents": signatures.num_rows,
-            "seconds": round(seconds, 2),
-            "documents_per_second": round(signatures.num_rows / max(seconds, 1e-9), 1),
-            "dagster/row_count": signatures.num_rows,
-        }
+        metadata={"documents": documents, "dagster/row_count": documents, **engine_metadata(run)}
     )
 
 
@@ -111,19 +114,28 @@ def dedup_clusters(context: dg.AssetExecutionContext, pipeline: PipelineResource
     deps=["prefiltered", "dedup_clusters"],
     check_specs=[reconcile_check_spec("deduplicated")],
 )
-def deduplicated(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
+def deduplicated(
+    context: dg.AssetExecutionContext, pipeline: PipelineResource, ray: RayResource
+) -> dg.MaterializeResult:
     """The source's prefiltered documents with every non-survivor of a duplicate cluster dropped."""
     source = context.partition_key
-    documents = kept_rows(pipeline.lake.read_table("prefiltered", source))
-    started = time.perf_counter()
-    clusters = pipeline.lake.read_table("dedup_clusters")
-    table = apply_dedup(documents, clusters.filter(pc.equal(clusters["source"], source)))
-    pipeline.lake.write_table(table, "deduplicated", source)
-    version = built_from_version(table)
-    context.log.info(f"deduplicated[{source}] built from cluster version {version}")
-    return decision_result(
-        table, documents.num_rows, time.perf_counter() - started, {CLUSTER_VERSION: version}
+    spec = StageSpec(
+        outputs=("deduplicated",),
+        make_work=functools.partial(DedupWork, pipeline.lake.url, source),
+        # New clusters (any source backfilled) redo every shard.
+        params=pipeline.lake.fingerprint("dedup_clusters"),
+        actor_pool=True,  # the cluster table loads once per actor
     )
+    run = run_source_stage(context, pipeline, ray, spec, "prefiltered")
+    version = _built_from(pipeline.lake, source)
+    context.log.info(f"deduplicated[{source}] built from cluster version {version}")
+    return decision_result(run, kept_upstream(pipeline, "prefiltered", source), {CLUSTER_VERSION: version})
+
+
+def _built_from(lake: Lake, source: str) -> str:
+    if not lake.has_table("deduplicated", source):
+        return EMPTY_VERSION
+    return built_from_version(lake.read_table("deduplicated", source, columns=[CLUSTER_VERSION]))
 
 
 @dg.asset_check(asset="deduplicated", blocking=True)
@@ -134,9 +146,7 @@ def built_from_current_clusters(
     sources = [context.partition_key] if context.has_partition_key else pipeline.config.source_names
     current = cluster_versions(pipeline.lake.read_table("dedup_clusters", columns=VERSION_COLUMNS))
     built = {
-        source: built_from_version(
-            pipeline.lake.read_table("deduplicated", source, columns=[CLUSTER_VERSION])
-        )
+        source: _built_from(pipeline.lake, source)
         for source in sources
         if pipeline.lake.has_table("deduplicated", source)
     }
@@ -192,8 +202,8 @@ def _signature_files(lake: Lake, sources: list[str]) -> list[str]:
     missing = [s for s in sources if not lake.has_table("minhash_signatures", s)]
     if missing:
         raise FileNotFoundError(f"dedup_clusters needs minhash_signatures for sources {missing} first")
-    every_source = lake.glob_pattern("minhash_signatures", partitioned=True)  # <stage>/*/part-*.parquet
-    return [every_source.replace("/*/", f"/source={source}/") for source in sources]
+    every_source = lake.glob_pattern("minhash_signatures", partitioned=True)  # <stage>/source=*/*.parquet
+    return [every_source.replace("/source=*/", f"/source={source}/") for source in sources]
 
 
 def _latest(

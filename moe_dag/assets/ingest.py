@@ -1,13 +1,11 @@
-"""raw_documents: read one source's shards into the lake; unreadable rows go to quarantine."""
-
-import time
+"""raw_documents: read one source's shards into the lake; bad records and repeated ids go to quarantine."""
 
 import dagster as dg
 
 from moe_dag.assets.partitions import PER_SOURCE
-from moe_dag.assets.reporting import RECONCILES, reconcile_check_spec
-from moe_dag.data.readers import list_shards, read_shards
-from moe_dag.resources import PipelineResource
+from moe_dag.assets.reporting import RECONCILES, engine_metadata, reconcile_check_spec
+from moe_dag.data.ingest import ingest_source
+from moe_dag.resources import PipelineResource, RayResource
 
 
 @dg.asset(
@@ -16,31 +14,30 @@ from moe_dag.resources import PipelineResource
     kinds={"parquet"},
     check_specs=[reconcile_check_spec("raw_documents")],
 )
-def raw_documents(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
-    """Every line of every shard of the source: a document row, or a quarantine row with its error."""
+def raw_documents(
+    context: dg.AssetExecutionContext, pipeline: PipelineResource, ray: RayResource
+) -> dg.MaterializeResult:
+    """Every record of every shard of the source: a document row, or a quarantine row with its error."""
     source = pipeline.config.source(context.partition_key)
-    started = time.perf_counter()
-    shards = list_shards(source.shards)
-    result = read_shards(shards, source.name)
-    pipeline.lake.write_table(result.documents, "raw_documents", source.name)
-    pipeline.lake.write_table(result.quarantine, "quarantine", source.name)
-    documents, quarantined = result.documents.num_rows, result.quarantine.num_rows
-    errors = result.quarantine.column("error").to_pylist()[:20]
+    run = ingest_source(pipeline.lake, source.name, source.shards, workers=ray.workers, log=context.log.info)
+    counts = run.counts
+    documents, quarantined = counts.get("kept", 0), counts.get("quarantined", 0)
+    errors = [] if not quarantined else pipeline.lake.read_table("quarantine", source.name, ["error"])
     return dg.MaterializeResult(
         metadata={
-            "shards": len(shards),
             "documents": documents,
             "quarantined": quarantined,
-            "first_quarantine_errors": dg.MetadataValue.json(errors),
-            "seconds": round(time.perf_counter() - started, 2),
+            "duplicate_ids": counts.get("duplicate_ids", 0),
+            "first_quarantine_errors": dg.MetadataValue.json(errors and errors["error"].to_pylist()[:20]),
             "dagster/row_count": documents,
+            **engine_metadata(run),
         },
         check_results=[
             dg.AssetCheckResult(
                 check_name=RECONCILES,
-                passed=documents + quarantined == result.lines_read,
+                passed=documents + quarantined == counts.get("records", 0),
                 metadata={
-                    "lines_read": result.lines_read,
+                    "records": counts.get("records", 0),
                     "documents": documents,
                     "quarantined": quarantined,
                 },

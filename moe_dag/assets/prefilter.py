@@ -1,21 +1,40 @@
 """prefiltered: language ID, length and repetition rules; every row gets a decision and a reason."""
 
+import functools
+
 import dagster as dg
 
 from moe_dag.assets.partitions import PER_SOURCE
-from moe_dag.assets.reporting import reconcile_check_spec, run_filter_stage
+from moe_dag.assets.reporting import decision_result, kept_upstream, reconcile_check_spec, run_source_stage
+from moe_dag.data.engine import StageSpec
+from moe_dag.data.engine.stages import FilterWork
 from moe_dag.data.filters import build_prefilters
-from moe_dag.resources import PipelineResource
+from moe_dag.resources import PipelineResource, RayResource
 
 
 @dg.asset(
     partitions_def=PER_SOURCE,
     group_name="curation",
-    kinds={"parquet"},
+    kinds={"parquet", "ray"},
     deps=["raw_documents"],
     check_specs=[reconcile_check_spec("prefiltered")],
 )
-def prefiltered(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
+def prefiltered(
+    context: dg.AssetExecutionContext, pipeline: PipelineResource, ray: RayResource
+) -> dg.MaterializeResult:
     source = pipeline.config.source(context.partition_key)
-    filters = build_prefilters(pipeline.config.prefilter_for(source), source.kind, source.languages)
-    return run_filter_stage(pipeline.lake, source.name, "raw_documents", "prefiltered", filters)
+    config = pipeline.config.prefilter_for(source)
+    make_filters = functools.partial(build_prefilters, config, source.kind, source.languages)
+    spec = StageSpec(
+        outputs=("prefiltered",),
+        make_work=functools.partial(FilterWork, "prefiltered", make_filters),
+        params=repr((config, source.kind, source.languages)),
+        actor_pool=source.languages is not None,  # the language ID model loads once per actor
+    )
+    run = run_source_stage(context, pipeline, ray, spec, "raw_documents")
+    filters = run.counts.get("filters", {})
+    return decision_result(
+        run,
+        kept_upstream(pipeline, "raw_documents", source.name),
+        {"filters": dg.MetadataValue.json(filters)},
+    )

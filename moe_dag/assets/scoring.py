@@ -1,44 +1,48 @@
 """scored_documents: the probe then (for documents that stay) the judge, with early exit."""
 
-import time
+import functools
 
 import dagster as dg
 
 from moe_dag.assets.partitions import PER_SOURCE
-from moe_dag.assets.reporting import decision_result, reconcile_check_spec
-from moe_dag.data.heads import load_backbone, load_heads
-from moe_dag.data.schema import kept_rows
-from moe_dag.data.scoring import early_exit_summary, score_documents
-from moe_dag.resources import PipelineResource
+from moe_dag.assets.reporting import decision_result, kept_upstream, reconcile_check_spec, run_source_stage
+from moe_dag.data.engine import StageSpec
+from moe_dag.data.engine.stages import ScoringWork
+from moe_dag.data.heads import load_heads
+from moe_dag.resources import PipelineResource, RayResource
 
 
 @dg.asset(
     partitions_def=PER_SOURCE,
     group_name="quality",
-    kinds={"pytorch", "parquet"},
+    kinds={"pytorch", "parquet", "ray"},
     deps=["toxicity_filtered", "quality_heads"],
     pool="gpu",
     check_specs=[reconcile_check_spec("scored_documents")],
 )
-def scored_documents(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
+def scored_documents(
+    context: dg.AssetExecutionContext, pipeline: PipelineResource, ray: RayResource
+) -> dg.MaterializeResult:
     source = context.partition_key
-    lake = pipeline.lake
-    documents = kept_rows(lake.read_table("toxicity_filtered", source))
-    stored = load_heads(lake.artifact_dir("quality_heads"))
-    backbone = load_backbone(stored.backbone_config)
-    started = time.perf_counter()
-    scored = score_documents(
-        documents, backbone, stored.heads, stored.thresholds[source], stored.backbone_config.batch_size
+    heads_dir = pipeline.lake.artifact_dir("quality_heads")
+    stored = load_heads(heads_dir)
+    spec = StageSpec(
+        outputs=("scored_documents",),
+        make_work=functools.partial(ScoringWork, str(heads_dir), source),
+        # A new heads version or new thresholds rescore every shard.
+        params=repr((stored.version, stored.thresholds[source])),
+        actor_pool=True,  # backbone and heads load once per actor
+        num_gpus=ray.scoring_gpus,
     )
-    lake.write_table(scored, "scored_documents", source)
-    exits = early_exit_summary(scored, stored.backbone_config)
+    run = run_source_stage(context, pipeline, ray, spec, "toxicity_filtered")
+    counts = run.counts
+    documents = max(counts.get("documents", 0), 1)
     return decision_result(
-        scored,
-        documents.num_rows,
-        time.perf_counter() - started,
-        extra={
+        run,
+        kept_upstream(pipeline, "toxicity_filtered", source),
+        {
             "heads_version": stored.version,
-            "early_exit_rate": round(exits["early_exit_rate"], 4),
-            "layer_compute_saved": round(exits["layer_compute_saved"], 4),
+            "early_exit_rate": round(counts.get("early_exits", 0) / documents, 4),
+            "layer_compute_saved": round(counts.get("layer_compute_saved", 0.0) / documents, 4),
         },
     )

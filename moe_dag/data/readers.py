@@ -2,8 +2,12 @@
 
 A shard is read line by line from its bytes, so a bad line (invalid JSON, invalid UTF-8, a missing or
 mistyped field) becomes one quarantine row naming the shard, the line and the error while every other
-line is kept. A compressed stream that ends early keeps the lines decoded before the cut and adds one
-quarantine row "truncated compressed stream" at the line after the last complete one. Only a shard that
+line is kept. Lines end at LF, CRLF or a lone CR (files from old Macs), as JSON can hold none of them
+raw inside a record; a leading UTF-8 byte-order mark is dropped. A line that holds several whole JSON
+records run together (a lost line break) becomes one quarantine row per record, so the records a
+shard held are counted, not only its lines. A compressed stream that ends early keeps the lines
+decoded before the cut and adds one quarantine row "truncated compressed stream" at the line after
+the last complete one. Only a shard that
 cannot be opened at all (missing, not the compression its name says, not parquet) raises
 `ShardReadError`.
 
@@ -11,6 +15,13 @@ Dolma fields map onto `DOCUMENT_SCHEMA`: the `source` column is the configured s
 partition key) and the document's own `source` moves into the metadata as `dolma_source`, as does any
 other unknown top-level field (`dolma_<name>`), so nothing in a line is silently dropped. Blank lines
 are skipped without a quarantine row but still count for line numbers.
+
+Document ids are namespaced by source: the `id` column is `<source>/<id as in the shard>`, so two
+sources may reuse an id (plausible with real Dolma shards) without colliding downstream. Ids repeated
+within one source are quarantined after all its shards are read (`moe_dag.data.duplicate_ids`).
+
+`read_shard_batches` streams a shard in pieces of a bounded number of documents, so a stage never holds
+a whole shard; `read_shard` and `read_shards` concatenate them for tests and small inputs.
 """
 
 from __future__ import annotations
@@ -18,6 +29,7 @@ from __future__ import annotations
 import datetime as dt
 import gzip
 import json
+import re
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -35,6 +47,9 @@ SHARD_SUFFIXES = (".jsonl", ".jsonl.gz", ".json.gz", ".jsonl.zst", ".json.zst", 
 DOLMA_FIELDS = ("id", "text", "source", "added", "created", "metadata")
 MAX_RAW_CHARS = 1000
 CHUNK_BYTES = 1 << 20
+BATCH_ROWS = 2048
+UTF8_BOM = b"\xef\xbb\xbf"
+LINE_END = re.compile(rb"\r\n|\r|\n")
 
 
 class ShardReadError(ValueError):
@@ -53,9 +68,10 @@ class _RowError(ValueError):
 class ShardReadResult:
     documents: pa.Table  # DOCUMENT_SCHEMA
     quarantine: pa.Table  # QUARANTINE_SCHEMA
-    # Records met, counted apart from the tables: non-blank lines (parquet rows), plus one for the cut
-    # record of a truncated stream. A reader that lost a row would break documents + quarantine == this.
-    lines_read: int
+    # Records met, counted apart from the tables: one per non-blank line (parquet row) or per whole
+    # JSON record on a line holding several, plus one for the cut record of a truncated stream. A reader
+    # that lost a row would break documents + quarantine == this.
+    records_read: int
 
 
 def list_shards(location: str) -> list[str]:
@@ -76,45 +92,77 @@ def list_shards(location: str) -> list[str]:
 def read_shards(paths: Sequence[str], source: str) -> ShardReadResult:
     """Read several shards of one source and concatenate their documents and quarantine rows."""
     results = [read_shard(p, source) for p in tqdm(paths, desc=f"read {source}", unit="shard", disable=None)]
-    return ShardReadResult(
-        documents=pa.concat_tables([DOCUMENT_SCHEMA.empty_table()] + [r.documents for r in results]),
-        quarantine=pa.concat_tables([QUARANTINE_SCHEMA.empty_table()] + [r.quarantine for r in results]),
-        lines_read=sum(r.lines_read for r in results),
-    )
+    return _concat(results)
 
 
 def read_shard(path: str, source: str) -> ShardReadResult:
     """Read one shard; bad rows go to quarantine, an unopenable shard raises `ShardReadError`."""
+    return _concat(list(read_shard_batches(path, source)))
+
+
+def read_shard_batches(path: str, source: str, batch_rows: int = BATCH_ROWS) -> Iterator[ShardReadResult]:
+    """One shard as pieces of at most `batch_rows` documents (plus the quarantine rows met meanwhile)."""
     builder = _TableBuilder(shard=path, source=source)
     try:
         with fsspec.open(path, "rb") as raw:
-            if path.endswith(".parquet"):
-                _read_parquet(raw, path, builder)
-            else:
-                _read_json_lines(raw, path, builder)
+            read = _read_parquet if path.endswith(".parquet") else _read_json_lines
+            for _ in read(raw, path, builder):
+                if builder.pending_rows >= batch_rows:
+                    yield builder.flush()
     except FileNotFoundError as e:
         raise ShardReadError(f"shard {path!r} does not exist") from e
     except OSError as e:
         raise ShardReadError(f"shard {path!r} cannot be read: {e}") from e
-    return builder.result()
+    if builder.records_read or not builder.flushed:
+        yield builder.flush()
 
 
-def _read_json_lines(raw: IO[bytes], path: str, builder: _TableBuilder) -> None:
+def _concat(results: list[ShardReadResult]) -> ShardReadResult:
+    return ShardReadResult(
+        documents=pa.concat_tables([DOCUMENT_SCHEMA.empty_table()] + [r.documents for r in results]),
+        quarantine=pa.concat_tables([QUARANTINE_SCHEMA.empty_table()] + [r.quarantine for r in results]),
+        records_read=sum(r.records_read for r in results),
+    )
+
+
+def _read_json_lines(raw: IO[bytes], path: str, builder: _TableBuilder) -> Iterator[None]:
+    """Feed every line to `builder`, yielding after each line so the caller can flush a batch."""
     line_no = 0
     pending = b""
     try:
-        for chunk in _decompressed_chunks(raw, path):
-            lines = (pending + chunk).split(b"\n")
+        for chunk in _without_bom(_decompressed_chunks(raw, path)):
+            lines = LINE_END.split(pending + chunk)
             pending = lines.pop()
+            if chunk.endswith(b"\r"):
+                # The CR may be the first half of a CRLF that the next chunk completes.
+                pending = lines.pop() + b"\r"
             for line in lines:
                 line_no += 1
                 builder.add_json_line(line_no, line)
+                yield
     except _StreamEnded as e:
-        # The bytes after the last newline are what survived of the cut record.
+        # The bytes after the last line end are what survived of the cut record.
         builder.add_cut_record(line_no + 1, str(e), pending)
         return
-    if pending:
-        builder.add_json_line(line_no + 1, pending)
+    for line in LINE_END.split(pending):
+        line_no += 1
+        builder.add_json_line(line_no, line)
+        yield
+
+
+def _without_bom(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    head: bytes | None = b""  # the stream's first bytes until they show whether a BOM starts it
+    for chunk in chunks:
+        if head is None:
+            yield chunk
+            continue
+        head += chunk
+        if len(head) < len(UTF8_BOM) and UTF8_BOM.startswith(head):
+            continue
+        yield head.removeprefix(UTF8_BOM)
+        head = None
+    if head:
+        yield head
 
 
 def _decompressed_chunks(raw: IO[bytes], path: str) -> Iterator[bytes]:
@@ -171,7 +219,7 @@ def _zstd_chunks(raw: IO[bytes], path: str) -> Iterator[bytes]:
         raise _StreamEnded("truncated compressed stream")
 
 
-def _read_parquet(raw: IO[bytes], path: str, builder: _TableBuilder) -> None:
+def _read_parquet(raw: IO[bytes], path: str, builder: _TableBuilder) -> Iterator[None]:
     try:
         parquet = pq.ParquetFile(raw)
     except (pa.ArrowException, OSError) as e:
@@ -184,6 +232,7 @@ def _read_parquet(raw: IO[bytes], path: str, builder: _TableBuilder) -> None:
         for record in batch.to_pylist():
             row_no += 1
             builder.add_record(row_no, record, raw=lambda r=record: json.dumps(r, default=str))
+            yield
 
 
 class _TableBuilder:
@@ -193,7 +242,8 @@ class _TableBuilder:
         self.shard, self.source = shard, source
         self.docs: dict[str, list[Any]] = {name: [] for name in DOCUMENT_SCHEMA.names}
         self.errors: dict[str, list[Any]] = {name: [] for name in QUARANTINE_SCHEMA.names}
-        self.lines_read = 0
+        self.records_read = 0
+        self.flushed = False
 
     def add_json_line(self, line_no: int, line: bytes) -> None:
         if not line.strip():
@@ -201,22 +251,26 @@ class _TableBuilder:
         try:
             text = line.decode("utf-8")
         except UnicodeDecodeError as e:
-            self.lines_read += 1
+            self.records_read += 1
             self._quarantine(line_no, f"invalid UTF-8 at byte {e.start}", line)
             return
         try:
             record = json.loads(text)
         except json.JSONDecodeError as e:
-            self.lines_read += 1
+            run_together = _whole_records(text) if e.msg == "Extra data" else []
+            if len(run_together) > 1:
+                self._quarantine_run_together(line_no, run_together)
+                return
+            self.records_read += 1
             self._quarantine(line_no, f"invalid JSON: {e.msg.removesuffix(' at')} at column {e.colno}", line)
             return
         self.add_record(line_no, record, raw=lambda: text)
 
     def add_record(self, line_no: int, record: Any, raw: Callable[[], str]) -> None:
         """One decoded record; `raw` renders it for the quarantine only when it is rejected."""
-        self.lines_read += 1
+        self.records_read += 1
         try:
-            row = _document_row(record)
+            row = _document_row(record, self.source)
         except _RowError as e:
             self._quarantine(line_no, str(e), raw())
             return
@@ -225,8 +279,14 @@ class _TableBuilder:
             self.docs[name].append(value)
 
     def add_cut_record(self, line_no: int, error: str, partial: bytes) -> None:
-        self.lines_read += 1
+        self.records_read += 1
         self._quarantine(line_no, error, partial)
+
+    def _quarantine_run_together(self, line_no: int, records: list[str]) -> None:
+        for number, text in enumerate(records, start=1):
+            self.records_read += 1
+            error = f"{len(records)} JSON records on one line (a lost line break?): record {number}"
+            self._quarantine(line_no, error, text)
 
     def _quarantine(self, line_no: int, error: str, raw: bytes | str) -> None:
         if isinstance(raw, bytes):
@@ -236,15 +296,39 @@ class _TableBuilder:
         for name, value in row.items():
             self.errors[name].append(value)
 
-    def result(self) -> ShardReadResult:
-        return ShardReadResult(
+    @property
+    def pending_rows(self) -> int:
+        return len(self.docs["id"]) + len(self.errors["line"])
+
+    def flush(self) -> ShardReadResult:
+        """The rows gathered since the last flush."""
+        result = ShardReadResult(
             documents=pa.table(self.docs, schema=DOCUMENT_SCHEMA),
             quarantine=pa.table(self.errors, schema=QUARANTINE_SCHEMA),
-            lines_read=self.lines_read,
+            records_read=self.records_read,
         )
+        self.docs = {name: [] for name in DOCUMENT_SCHEMA.names}
+        self.errors = {name: [] for name in QUARANTINE_SCHEMA.names}
+        self.records_read = 0
+        self.flushed = True
+        return result
 
 
-def _document_row(record: Any) -> dict[str, Any]:
+def _whole_records(text: str) -> list[str]:
+    """The JSON values a line holds one after another, or [] when it is not wholly made of them."""
+    decoder = json.JSONDecoder()
+    found, position = [], len(text) - len(text.lstrip())
+    while position < len(text):
+        try:
+            _, end = decoder.raw_decode(text, position)
+        except json.JSONDecodeError:
+            return []
+        found.append(text[position:end])
+        position = len(text) - len(text[end:].lstrip())
+    return found
+
+
+def _document_row(record: Any, source: str) -> dict[str, Any]:
     """Map one Dolma record onto the document columns it fills itself, or raise `_RowError`."""
     if not isinstance(record, dict):
         raise _RowError(f"record is not a JSON object (got {type(record).__name__})")
@@ -271,7 +355,7 @@ def _document_row(record: Any) -> dict[str, Any]:
         if name not in DOLMA_FIELDS or name == "source":
             metadata[f"dolma_{name}"] = value
     row = {
-        "id": str(doc_id),
+        "id": f"{source}/{doc_id}",
         "text": text,
         "added": _timestamp(record.get("added")),
         "created": _timestamp(record.get("created")),

@@ -1,14 +1,16 @@
 """The tokenised training mixture: token shards, the deficit-rule sampler, and the build that packs them."""
 
-from moe_dag.data.mixture.build import MixtureConfig, build_mixture, rank_slice
+from moe_dag.data.mixture.build import MixtureConfig, build_mixture, pack_mixture, rank_slice
 from moe_dag.data.mixture.sampler import MixtureSampler
-from moe_dag.data.mixture.token_shards import TokenShard, write_token_shard
+from moe_dag.data.mixture.token_shards import SourceTokens, TokenShard, write_token_shard
 
 __all__ = [
     "MixtureConfig",
     "MixtureSampler",
+    "SourceTokens",
     "TokenShard",
     "build_mixture",
+    "pack_mixture",
     "rank_slice",
     "write_token_shard",
 ]

@@ -9,7 +9,8 @@ The files under `out_dir` are a contract with the trainer (moe_dag/training read
     mixture.json     the report: seq_len, vocab_size, eos_id, dtype, num_sequences, total_tokens, per
                      source {target_share, achieved_share, tokens, documents, epochs, heldout_documents,
                      ...}, sampler_state, config
-    shards/          one token shard per source (see token_shards.py)
+    shards/          one token shard per source (see token_shards.py); when the engine tokenised the
+                     lake's shards in parallel, they lie in the lake instead and `pack_mixture` reads them
 
 Token budget. With `total_tokens` set, the build packs total_tokens // (seq_len + 1) sequences. With it
 None, the budget is the largest one at which every source still meets its share: documents are drawn
@@ -35,8 +36,9 @@ import pyarrow.parquet as pq
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
+from moe_dag.data.atomic import atomic_path
 from moe_dag.data.mixture.sampler import MixtureSampler, check_weights, stable_hash
-from moe_dag.data.mixture.token_shards import TokenShard, encode_documents, token_dtype, write_token_shard
+from moe_dag.data.mixture.token_shards import SourceTokens, encode_documents, token_dtype, write_token_shard
 from moe_dag.data.tokenizer import eos_id
 
 TRAIN_FILE = "train.npy"
@@ -76,17 +78,34 @@ def build_mixture(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     eos = eos_id(tokenizer, config.eos_token)
-    vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
-    shards: dict[str, TokenShard] = {}
+    sources: dict[str, SourceTokens] = {}
     heldout_parts: list[pa.Table] = []
     for source in sorted(documents):
-        train, held = _split_heldout(documents[source], config.heldout_fraction)
-        shards[source] = write_token_shard(train, tokenizer, eos, out_dir / SHARDS_DIR, source)
-        heldout_parts.append(_heldout_table(held, tokenizer, eos, source))
-    heldout = pa.concat_tables(heldout_parts) if heldout_parts else HELDOUT_SCHEMA.empty_table()
+        train, held = split_heldout(documents[source], config.heldout_fraction)
+        shard = write_token_shard(train, tokenizer, eos, out_dir / SHARDS_DIR, source)
+        sources[source] = SourceTokens(source, [shard])
+        heldout_parts.append(heldout_table(held, tokenizer, eos, source))
+    heldout = pa.concat_tables([HELDOUT_SCHEMA.empty_table(), *heldout_parts])
+    return pack_mixture(
+        sources, heldout, tokenizer.get_vocab_size(with_added_tokens=True), eos, config, out_dir
+    )
+
+
+def pack_mixture(
+    sources: dict[str, SourceTokens],
+    heldout: pa.Table,
+    vocab_size: int,
+    eos: int,
+    config: MixtureConfig,
+    out_dir: Path,
+) -> dict:
+    """Sample and pack tokenised sources into train.npy, write heldout.parquet and mixture.json."""
+    check_weights(config.weights, sources)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     _write_parquet(heldout, out_dir / HELDOUT_FILE)
 
-    lengths = {source: shard.lengths for source, shard in shards.items()}
+    lengths = {source: tokens.lengths for source, tokens in sources.items()}
     sampler = MixtureSampler(lengths, config.weights, seed=config.seed, max_epochs=config.max_epochs)
     row = config.seq_len + 1
     wanted = None if config.total_tokens is None else config.total_tokens // row * row
@@ -95,17 +114,16 @@ def build_mixture(
     if num_sequences == 0:
         raise ValueError(f"the mixture drew {stream_tokens} tokens, less than one sequence of {row}")
     dtype = token_dtype(vocab_size)
-    packed = _pack(plan, shards, num_sequences, row, dtype, out_dir / TRAIN_FILE)
+    packed = _pack(plan, sources, num_sequences, row, dtype, out_dir / TRAIN_FILE)
 
     report = {"vocab_size": vocab_size, "eos_id": eos, "dtype": dtype.name}
-    report |= _report(config, sampler, shards, heldout, packed, plan, capped_at, num_sequences, wanted)
-    partial = out_dir / f".{REPORT_FILE}.partial"
-    partial.write_text(json.dumps(report, indent=2) + "\n")
-    partial.replace(out_dir / REPORT_FILE)
+    report |= _report(config, sampler, sources, heldout, packed, plan, capped_at, num_sequences, wanted)
+    with atomic_path(out_dir / REPORT_FILE) as partial:
+        partial.write_text(json.dumps(report, indent=2) + "\n")
     return report
 
 
-def _split_heldout(table: pa.Table, fraction: float) -> tuple[pa.Table, pa.Table]:
+def split_heldout(table: pa.Table, fraction: float) -> tuple[pa.Table, pa.Table]:
     """(training, held-out) rows. A document is held out when a hash of its id falls under `fraction`:
     the split depends on nothing but the id, so it is the same across seeds, reruns and added documents."""
     threshold = fraction * 2**64
@@ -124,7 +142,7 @@ def rank_slice(num_sequences: int, rank: int, world_size: int) -> slice:
     return slice(num_sequences * rank // world_size, num_sequences * (rank + 1) // world_size)
 
 
-def _heldout_table(table: pa.Table, tokenizer: Tokenizer, eos: int, source: str) -> pa.Table:
+def heldout_table(table: pa.Table, tokenizer: Tokenizer, eos: int, source: str) -> pa.Table:
     texts = table["text"].to_pylist()
     tokens = encode_documents(tokenizer, texts, eos, np.dtype(np.int32)) if texts else []
     columns = {
@@ -164,7 +182,7 @@ def _draw(
 
 def _pack(
     plan: list[tuple[str, int]],
-    shards: dict[str, TokenShard],
+    shards: dict[str, SourceTokens],
     num_sequences: int,
     row: int,
     dtype: np.dtype,
@@ -172,28 +190,27 @@ def _pack(
 ) -> dict[str, int]:
     """Concatenate the planned documents and cut the stream into `num_sequences` rows of `row` tokens
     (the tail that does not fill a row is dropped). Returns the tokens each source put into train.npy."""
-    partial = path.with_name(f".{path.name}.partial")
-    rows = np.lib.format.open_memmap(partial, mode="w+", dtype=dtype, shape=(num_sequences, row))
-    flat = rows.reshape(-1)
     packed = {source: 0 for source in shards}
-    cursor = 0
-    for source, document in tqdm(plan, desc="pack sequences", unit="doc", disable=None):
-        if cursor == len(flat):
-            break
-        tokens = shards[source].document(document)[: len(flat) - cursor]
-        flat[cursor : cursor + len(tokens)] = tokens
-        cursor += len(tokens)
-        packed[source] += len(tokens)
-    rows.flush()
-    del rows, flat
-    partial.replace(path)
+    with atomic_path(path) as partial:
+        rows = np.lib.format.open_memmap(partial, mode="w+", dtype=dtype, shape=(num_sequences, row))
+        flat = rows.reshape(-1)
+        cursor = 0
+        for source, document in tqdm(plan, desc="pack sequences", unit="doc", disable=None):
+            if cursor == len(flat):
+                break
+            tokens = shards[source].document(document)[: len(flat) - cursor]
+            flat[cursor : cursor + len(tokens)] = tokens
+            cursor += len(tokens)
+            packed[source] += len(tokens)
+        rows.flush()
+        del rows, flat
     return packed
 
 
 def _report(
     config: MixtureConfig,
     sampler: MixtureSampler,
-    shards: dict[str, TokenShard],
+    shards: dict[str, SourceTokens],
     heldout: pa.Table,
     packed: dict[str, int],
     plan: list[tuple[str, int]],
@@ -240,9 +257,8 @@ def _report(
 
 
 def _write_parquet(table: pa.Table, path: Path) -> None:
-    partial = path.with_name(f".{path.name}.partial")
-    pq.write_table(table, partial)
-    partial.replace(path)
+    with atomic_path(path) as partial:
+        pq.write_table(table, partial)
 
 
 def _validate(config: MixtureConfig, documents: dict[str, pa.Table]) -> None:

@@ -1,6 +1,8 @@
-"""Token shards: one source's documents as one flat, memory-mappable token file plus a document index.
+"""Token shards: documents as flat, memory-mappable token files plus a document index.
 
-Layout for a source `cc` under a folder:
+A source is one shard (`build_mixture` on in-memory tables) or one shard per input shard (the engine
+tokenising a source's lake shards in parallel, each named by its shard key); `SourceTokens` puts a
+source's shards end to end. Layout for a shard `cc` under a folder:
 
     cc.bin            raw token ids, little-endian uint16 (vocab <= 65536) or uint32, every
                       document followed by the end-of-document token
@@ -23,6 +25,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tokenizers import Tokenizer
 from tqdm import tqdm
+
+from moe_dag.data.atomic import atomic_path
 
 INDEX_SCHEMA = pa.schema(
     [
@@ -58,39 +62,68 @@ def write_token_shard(
     for column in ("id", "text"):
         if column not in table.column_names:
             raise ValueError(f"documents of source {source!r} have no {column!r} column")
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
-    dtype = token_dtype(vocab_size)
-    tokens_path, index_path = shard_paths(folder, source)
-    partial_tokens = tokens_path.with_name(f".{tokens_path.name}.partial")
-    lengths: list[int] = []
-    num_bytes: list[int] = []
-    with partial_tokens.open("wb") as out:
+    tokens_path, index_path = shard_paths(Path(folder), source)
+    with (
+        atomic_path(tokens_path) as partial_tokens,
+        atomic_path(index_path) as partial_index,
+        TokenShardWriter(tokenizer, eos, partial_tokens, partial_index) as writer,
+    ):
         starts = range(0, table.num_rows, ENCODE_BATCH_DOCUMENTS)
         for start in tqdm(starts, desc=f"tokenize {source}", unit="batch", disable=None):
-            texts = table["text"].slice(start, ENCODE_BATCH_DOCUMENTS).to_pylist()
-            for document in encode_documents(tokenizer, texts, eos, dtype):
-                out.write(document.tobytes())
-                lengths.append(len(document))
-            num_bytes.extend(len(text.encode("utf-8")) for text in texts)
-    length_array = np.array(lengths, dtype=np.int64)
-    offsets = np.cumsum(length_array) - length_array
-    metadata = {"dtype": dtype.name, "vocab_size": vocab_size, "eos_id": eos}
-    index = pa.table(
-        {
-            "id": table["id"].cast(pa.string()),
-            "offset": offsets,
-            "length": length_array,
-            "num_bytes": num_bytes,
-        },
-        schema=INDEX_SCHEMA.with_metadata({METADATA_KEY: json.dumps(metadata, sort_keys=True)}),
-    )
-    partial_index = index_path.with_name(f".{index_path.name}.partial")
-    pq.write_table(index, partial_index)
-    partial_tokens.replace(tokens_path)
-    partial_index.replace(index_path)
+            writer.write(table.slice(start, ENCODE_BATCH_DOCUMENTS))
     return TokenShard.open(folder, source)
+
+
+class TokenShardWriter:
+    """Appends batches of documents (`id`, `text`) to a token file; writes the index on close.
+
+    Only one batch of documents is in memory at a time, so a shard of any size streams through."""
+
+    def __init__(self, tokenizer: Tokenizer, eos: int, tokens_path: Path, index_path: Path) -> None:
+        self.tokenizer, self.eos = tokenizer, eos
+        self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+        self.dtype = token_dtype(self.vocab_size)
+        self.tokens_path, self.index_path = Path(tokens_path), Path(index_path)
+        self.ids: list[pa.Array] = []
+        self.lengths: list[int] = []
+        self.num_bytes: list[int] = []
+        self._out = None
+
+    @property
+    def tokens(self) -> int:
+        return int(sum(self.lengths))
+
+    def __enter__(self) -> TokenShardWriter:
+        self.tokens_path.parent.mkdir(parents=True, exist_ok=True)
+        self._out = self.tokens_path.open("wb")
+        return self
+
+    def write(self, table: pa.Table) -> None:
+        for start in range(0, table.num_rows, ENCODE_BATCH_DOCUMENTS):
+            part = table.slice(start, ENCODE_BATCH_DOCUMENTS)
+            texts = part["text"].to_pylist()
+            for document in encode_documents(self.tokenizer, texts, self.eos, self.dtype) if texts else []:
+                self._out.write(document.tobytes())
+                self.lengths.append(len(document))
+            self.num_bytes.extend(len(text.encode("utf-8")) for text in texts)
+            self.ids.append(part["id"].cast(pa.string()).combine_chunks())
+
+    def __exit__(self, *failure: object) -> None:
+        self._out.close()
+        if failure[0] is not None:
+            return
+        length_array = np.array(self.lengths, dtype=np.int64)
+        metadata = {"dtype": self.dtype.name, "vocab_size": self.vocab_size, "eos_id": self.eos}
+        index = pa.table(
+            {
+                "id": pa.concat_arrays([pa.array([], pa.string()), *self.ids]),
+                "offset": np.cumsum(length_array) - length_array,
+                "length": length_array,
+                "num_bytes": np.array(self.num_bytes, dtype=np.int64),
+            },
+            schema=INDEX_SCHEMA.with_metadata({METADATA_KEY: json.dumps(metadata, sort_keys=True)}),
+        )
+        pq.write_table(index, self.index_path)
 
 
 def shard_paths(folder: Path, source: str) -> tuple[Path, Path]:
@@ -113,6 +146,7 @@ class TokenShard:
 
     @classmethod
     def open(cls, folder: Path, source: str) -> TokenShard:
+        """The shard `<source>.bin` under `folder` (a source's one shard, or one input shard's key)."""
         tokens_path, index_path = shard_paths(folder, source)
         if not index_path.is_file() or not tokens_path.is_file():
             raise ValueError(f"no token shard for source {source!r} under {folder}")
@@ -145,3 +179,24 @@ class TokenShard:
         """The tokens of document `index`, EOS included (a view into the memory map)."""
         start = int(self.offsets[index])
         return self.tokens[start : start + int(self.lengths[index])]
+
+
+class SourceTokens:
+    """A source's token shards end to end: document i of the source is document j of one shard."""
+
+    def __init__(self, source: str, shards: list[TokenShard]) -> None:
+        if not shards:
+            raise ValueError(f"source {source!r} has no token shard")
+        self.source = source
+        self.shards = shards
+        self.lengths = np.concatenate([shard.lengths for shard in shards])
+        self.num_bytes = np.concatenate([shard.num_bytes for shard in shards])
+        self.ids = pa.chunked_array([chunk for shard in shards for chunk in shard.ids.chunks], pa.string())
+        self._starts = np.cumsum([0] + [len(shard) for shard in shards])
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def document(self, index: int) -> np.ndarray:
+        shard = int(np.searchsorted(self._starts, index, side="right")) - 1
+        return self.shards[shard].document(index - int(self._starts[shard]))

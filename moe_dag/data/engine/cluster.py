@@ -1,0 +1,91 @@
+"""Connecting to Ray: an existing cluster by address, or a local Ray sized to this machine.
+
+Local by default. With an address (`ray.address` in the pipeline config, or `RAY_ADDRESS`), the same
+stages run on an existing cluster, whose nodes must run the same environment (this package and its
+dependencies installed, the lake reachable at the same path or URL).
+
+The local Ray takes every core but caps its object store: Ray's default is 30% of memory in shared
+memory, which next to Dagster and the stages' own memory is more than a 24 GiB machine can spare. The
+stages pass shard names and small records through the object store, never documents (each worker
+streams its shard from the lake and writes its outputs there), so a small store is enough.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+GIB = 1 << 30
+MIN_OBJECT_STORE_BYTES = GIB // 4
+MAX_OBJECT_STORE_BYTES = 4 * GIB
+
+
+@dataclass(kw_only=True)
+class RayConfig:
+    address: str | None = None  # a Ray cluster ("ray://host:10001", "host:6379"); None: RAY_ADDRESS or local
+    num_cpus: int | None = None  # local Ray only; None: every core of this machine
+    object_store_gb: float | None = None  # local Ray only; None: 10% of memory, within [0.25, 4] GiB
+    workers: int | None = None  # shards processed at once per stage; None: every CPU of the cluster
+    scoring_gpus: float = 0.0  # GPUs per scoring actor (1 on a GPU cluster)
+
+    def __post_init__(self) -> None:
+        for name in ("num_cpus", "workers"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"ray.{name} must be a positive integer, got {value!r}")
+        if self.object_store_gb is not None and self.object_store_gb * GIB < MIN_OBJECT_STORE_BYTES:
+            raise ValueError(f"ray.object_store_gb must be at least 0.25, got {self.object_store_gb}")
+        if self.scoring_gpus < 0:
+            raise ValueError(f"ray.scoring_gpus must be >= 0, got {self.scoring_gpus}")
+
+    def resolved_address(self) -> str | None:
+        return self.address or os.environ.get("RAY_ADDRESS") or None
+
+
+def local_object_store_bytes(config: RayConfig) -> int:
+    if config.object_store_gb is not None:
+        return int(config.object_store_gb * GIB)
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return int(min(max(memory // 10, MIN_OBJECT_STORE_BYTES), MAX_OBJECT_STORE_BYTES))
+
+
+def connect(config: RayConfig) -> str:
+    """Connect this process to Ray once (later calls reuse the connection); returns where it runs."""
+    import ray
+
+    if not ray.is_initialized():
+        address = config.resolved_address()
+        if address:
+            ray.init(address=address)
+        else:
+            # "local" starts a new instance even if a `ray start` cluster runs on this machine. Its
+            # workers' own log lines (actor pools winding down, ...) stay in Ray's session logs: a
+            # failed shard reaches the caller as an error naming its file, not as console noise.
+            ray.init(
+                address="local",
+                num_cpus=config.num_cpus or os.cpu_count(),
+                object_store_memory=local_object_store_bytes(config),
+                include_dashboard=False,
+                log_to_driver=False,
+            )
+        _quiet_ray_data()
+    resources = ray.cluster_resources()
+    cpus, gpus = int(resources.get("CPU", 0)), int(resources.get("GPU", 0))
+    return f"Ray at {ray.get_runtime_context().gcs_address}: {cpus} CPUs, {gpus} GPUs"
+
+
+def cluster_cpus() -> int:
+    import ray
+
+    return max(1, int(ray.cluster_resources().get("CPU", 1)))
+
+
+def _quiet_ray_data() -> None:
+    """The stages report their own progress; Ray Data's bars and per-dataset log lines would repeat it."""
+    import ray.data
+
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)  # "progress bars disabled"

@@ -1,0 +1,176 @@
+"""Run a per-source stage over the shards that need it: on Ray by default, or in this process.
+
+Ray Data carries one shard per block through `map_batches` (batch size 1): stateless work runs as Ray
+tasks, work that holds a model as an actor pool whose actors build it once. Each task or actor streams
+its shard from the lake in Arrow batches through the stage's library function and writes the outputs
+back (`process_shard`), so documents never pass through the object store or the driver, and memory
+grows with the batch size, not with the source. The shard is the unit of work and of commit, as in
+datatrove: as many shards run at once as there are workers, and a source of many shards keeps every
+core busy.
+
+The driver sees each shard as it finishes: it counts documents and documents per second for the
+progress bar (on a terminal) and the log (every few seconds, e.g. the Dagster run log), collects the
+shards that failed, and raises once the others are done, naming each failed shard's file.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import pyarrow as pa
+from tqdm.auto import tqdm
+
+from moe_dag.data.engine.cluster import cluster_cpus
+from moe_dag.data.engine.shards import ShardInput, plan_shards
+from moe_dag.data.engine.stage import StageSpec, merge_counts, process_shard
+from moe_dag.data.lake import Lake
+
+LOG_EVERY_S = 10.0
+
+
+class ShardStageError(RuntimeError):
+    """Some shards of a stage failed; the others are done and a rerun redoes only the failed ones."""
+
+
+@dataclass
+class StageRun:
+    stage: str
+    source: str
+    records: dict[str, dict[str, Any]]  # every finished shard of the source, done now or before
+    shards_run: int
+    shards_removed: int
+    documents_run: int
+    seconds: float
+
+    @property
+    def counts(self) -> dict[str, Any]:
+        return merge_counts([record["counts"] for record in self.records.values()])
+
+    @property
+    def documents_per_second(self) -> float:
+        return self.documents_run / self.seconds if self.seconds > 0 else 0.0
+
+
+def run_stage(
+    spec: StageSpec,
+    lake: Lake,
+    source: str,
+    inputs: list[ShardInput],
+    *,
+    workers: int | None = None,
+    log: Callable[[str], None] | None = None,
+) -> StageRun:
+    """Bring `source`'s slice of the stage up to date with `inputs`.
+
+    `workers`: shards processed at once on the connected Ray (None: one per CPU of the cluster); 0 runs
+    them one after another in this process, without Ray (a debugger, a notebook)."""
+    plan = plan_shards(lake, spec.outputs, spec.params, source, inputs)
+    name = f"{spec.stage} [{source}]"
+    if log and (plan.done or plan.removed):
+        done, todo, removed = len(plan.done), len(plan.todo), len(plan.removed)
+        log(f"{name}: {done} shards already done, {todo} to do, {removed} removed")
+    started = time.perf_counter()
+    records = dict(plan.done)
+    errors, documents, finished, last_log = [], 0, 0, started
+    with tqdm(total=len(plan.todo), desc=name, unit="shard", disable=None if plan.todo else True) as bar:
+        for result in _results(spec, lake, source, plan.todo, workers):
+            bar.update(1)
+            finished += 1
+            if "error" in result:
+                errors.append(result["error"])
+                continue
+            records[result["key"]] = result["record"]
+            documents += int(result["record"]["counts"].get("documents", 0))
+            rate = documents / max(time.perf_counter() - started, 1e-9)
+            bar.set_postfix(documents=documents, docs_per_s=round(rate))
+            if log and time.perf_counter() - last_log >= LOG_EVERY_S:
+                last_log = time.perf_counter()
+                log(f"{name}: {finished}/{len(plan.todo)} shards, {documents} documents, {rate:.0f} docs/s")
+    seconds = time.perf_counter() - started
+    if errors:
+        raise ShardStageError(
+            f"{name}: {len(errors)} of {len(plan.todo)} shards failed (the others are done; a rerun "
+            "redoes only the failed ones):\n" + "\n".join(errors)
+        )
+    run = StageRun(
+        spec.stage,
+        source,
+        dict(sorted(records.items())),
+        len(plan.todo),
+        len(plan.removed),
+        documents,
+        seconds,
+    )
+    if log and plan.todo:
+        rate = run.documents_per_second
+        log(f"{name}: {run.shards_run} shards, {documents} documents in {seconds:.1f}s ({rate:.0f} docs/s)")
+    return run
+
+
+def _results(
+    spec: StageSpec, lake: Lake, source: str, todo: list[ShardInput], workers: int | None
+) -> Iterator[dict]:
+    if not todo:
+        return iter(())
+    if workers == 0:
+        return _in_process(spec, lake, source, todo)
+    return _on_ray(spec, lake.url, source, todo, workers or cluster_cpus())
+
+
+def _in_process(spec: StageSpec, lake: Lake, source: str, todo: list[ShardInput]) -> Iterator[dict]:
+    work = spec.make_work()
+    for shard in todo:
+        yield process_shard(spec, work, lake, source, shard)
+
+
+def _on_ray(
+    spec: StageSpec, lake_url: str, source: str, todo: list[ShardInput], workers: int
+) -> Iterator[dict]:
+    import ray.data
+
+    items = [asdict(shard) for shard in todo]
+    dataset = ray.data.from_items(items, override_num_blocks=len(items))
+    size = min(workers, len(items))
+    common = {"batch_size": 1, "batch_format": "pyarrow", "num_cpus": 1}
+    if spec.actor_pool:
+        dataset = dataset.map_batches(
+            _ShardActor,
+            fn_constructor_kwargs={"spec": spec, "lake_url": lake_url, "source": source},
+            compute=ray.data.ActorPoolStrategy(size=size),
+            **({"num_gpus": spec.num_gpus} if spec.num_gpus else {}),
+            **common,
+        )
+    else:
+        dataset = dataset.map_batches(
+            _shard_task,
+            fn_kwargs={"spec": spec, "lake_url": lake_url, "source": source},
+            compute=ray.data.TaskPoolStrategy(size=size),
+            **common,
+        )
+    for row in dataset.iter_rows():
+        yield json.loads(row["result"])
+
+
+def _shard_task(batch: pa.Table, spec: StageSpec, lake_url: str, source: str) -> pa.Table:
+    return _process_batch(batch, spec, spec.make_work(), Lake(lake_url), source)
+
+
+class _ShardActor:
+    """One worker of an actor pool: builds the stage's work (loads its model) once."""
+
+    def __init__(self, spec: StageSpec, lake_url: str, source: str) -> None:
+        self.spec, self.lake, self.source = spec, Lake(lake_url), source
+        self.work = spec.make_work()
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        return _process_batch(batch, self.spec, self.work, self.lake, self.source)
+
+
+def _process_batch(batch: pa.Table, spec: StageSpec, work: Any, lake: Lake, source: str) -> pa.Table:
+    # JSON, because count dicts differ from shard to shard and Arrow would need one struct type for all.
+    results = [process_shard(spec, work, lake, source, ShardInput(**row)) for row in batch.to_pylist()]
+    return pa.table({"result": [json.dumps(result) for result in results]})

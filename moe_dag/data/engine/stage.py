@@ -1,0 +1,148 @@
+"""What a per-source stage does to one shard, and the plain function that does it anywhere.
+
+A stage is described by a `StageSpec`: the lake stages it writes, a picklable factory for its
+`ShardWork` (called once per worker, so a model loads once per Ray actor), and whether that work holds
+a model or a large table (then it runs in an actor pool, else as stateless tasks). `process_shard`
+runs the work on one shard and commits it: every output file is written under a temporary name, all
+are renamed into place, and only then is the completion record written. A shard killed at any point
+is therefore either done (record present, files complete) or redone on the next run.
+
+`process_shard` is a plain function: the Ray engine calls it in tasks and actors, a test or a notebook
+can call it in a loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import traceback
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from moe_dag.data.atomic import atomic_path, atomic_write
+from moe_dag.data.engine.shards import ShardInput, shard_digest
+from moe_dag.data.lake import Lake
+
+
+class ShardWork(ABC):
+    """A stage's work on one shard. Built once per worker: load models in `__init__`."""
+
+    @abstractmethod
+    def process(self, shard: ShardInput, out: ShardOutput) -> dict[str, Any]:
+        """Read `shard.path`, write through `out`, return counts (numbers, nested dicts of numbers);
+        `counts["documents"]` is the number of documents the shard brought in, for progress."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageSpec:
+    outputs: tuple[str, ...]  # lake stages written per shard; the first holds the completion records
+    make_work: Callable[[], ShardWork]  # picklable; runs on the worker
+    params: str = ""  # everything besides the input the output depends on (config, model versions)
+    actor_pool: bool = False  # work holding a model or a table: built once per actor, else once per task
+    num_gpus: float = 0.0  # per actor
+
+    @property
+    def stage(self) -> str:
+        return self.outputs[0]
+
+    def digest(self, shard: ShardInput) -> str:
+        return shard_digest(self.stage, self.params, shard)
+
+
+class TableWriter:
+    """Streams tables into one shard file; the file appears at its final path only on commit."""
+
+    def __init__(self, stack: contextlib.ExitStack, lake: Lake, path: str, schema: pa.Schema | None) -> None:
+        self._stack, self._lake, self._path, self._schema = stack, lake, path, schema
+        self._writer: pq.ParquetWriter | None = None
+
+    def write(self, table: pa.Table) -> None:
+        if self._writer is None:
+            handle = self._stack.enter_context(atomic_write(self._path, self._lake.fs))
+            self._writer = pq.ParquetWriter(handle, table.schema, compression="zstd")
+            self._stack.callback(self._writer.close)  # runs before the rename above
+        self._writer.write_table(table)
+
+    def finish(self) -> None:
+        """A shard with no rows still gets its file, so downstream stages learn the schema."""
+        if self._writer is None and self._schema is not None:
+            self.write(self._schema.empty_table())
+
+
+class ShardOutput:
+    """The files one shard writes, committed together by `process_shard`."""
+
+    def __init__(self, lake: Lake, source: str, key: str) -> None:
+        self.lake, self.source, self.key = lake, source, key
+        self._stack = contextlib.ExitStack()
+        self._tables: list[TableWriter] = []
+
+    def table(self, stage: str, schema: pa.Schema | None = None) -> TableWriter:
+        """A writer for `lake/<stage>/source=<s>/<key>.parquet`; with `schema`, written even if empty."""
+        writer = TableWriter(
+            self._stack, self.lake, self.lake.shard_path(stage, self.source, self.key), schema
+        )
+        self._tables.append(writer)
+        return writer
+
+    def local_path(self, stage: str, suffix: str) -> Path:
+        """A temporary local path for a file that takes a path to write (`<key><suffix>` at commit)."""
+        return self._stack.enter_context(
+            atomic_path(self.lake.shard_path(stage, self.source, self.key, suffix))
+        )
+
+    def __enter__(self) -> ShardOutput:
+        return self
+
+    def __exit__(self, *failure: Any) -> None:
+        if failure[0] is None:
+            for writer in self._tables:
+                writer.finish()
+            self._stack.__exit__(None, None, None)
+            return
+        # Failing already: remove the partial files, and let the original error through rather than the
+        # "could not write" each of them would add.
+        with contextlib.suppress(Exception):
+            self._stack.__exit__(*failure)
+
+
+def process_shard(
+    spec: StageSpec, work: ShardWork, lake: Lake, source: str, shard: ShardInput
+) -> dict[str, Any]:
+    """Do one shard and write its completion record. Returns {key, record} or {key, error}: a failed
+    shard leaves nothing behind, and the others go on."""
+    started = time.perf_counter()
+    try:
+        with ShardOutput(lake, source, shard.key) as out:
+            counts = work.process(shard, out)
+        record = {
+            "key": shard.key,
+            "input": shard.path,
+            "fingerprint": shard.fingerprint,
+            "digest": spec.digest(shard),
+            "counts": counts,
+            "seconds": round(time.perf_counter() - started, 3),
+        }
+        lake.write_record(spec.stage, source, shard.key, record)
+    except Exception as error:
+        detail = "".join(traceback.format_exception_only(error)).strip()
+        return {"key": shard.key, "error": f"shard {shard.path}: {detail}"}
+    return {"key": shard.key, "record": record}
+
+
+def merge_counts(counts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Sum count dicts key by key, recursing into nested dicts."""
+    total: dict[str, Any] = {}
+    for one in counts:
+        for name, value in one.items():
+            if isinstance(value, dict):
+                total[name] = merge_counts([total.get(name, {}), value])
+            else:
+                total[name] = total.get(name, 0) + value
+    return total

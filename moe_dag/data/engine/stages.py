@@ -1,0 +1,188 @@
+"""The shard work of each per-source stage: plain library calls over a shard's Arrow batches.
+
+Each class is built once per worker (in an actor for those that hold a model) and then processes
+shards: it streams the input shard in batches, calls the stage's library function on each batch, and
+writes each result batch to the shard's output file. The library functions (`read_shard_batches`,
+`run_filters`, `compute_signatures`, `apply_dedup`, `score_documents`, the token shard writer) know
+nothing of shards or Ray.
+
+Counts returned per shard: `documents` (rows the stage received), and for stages that decide, `kept`,
+`dropped` and `reasons` (dropped rows per reason code); they add up over shards into the stage's
+reconciliation.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from moe_dag.data.dedup import SIGNATURE_SCHEMA, MinHashConfig, apply_dedup, compute_signatures
+from moe_dag.data.engine.shards import ShardInput
+from moe_dag.data.engine.stage import ShardOutput, ShardWork, merge_counts
+from moe_dag.data.filters import DocumentFilter, run_filters
+from moe_dag.data.lake import Lake, read_batches
+from moe_dag.data.mixture.build import HELDOUT_SCHEMA, heldout_table, split_heldout
+from moe_dag.data.mixture.token_shards import TokenShardWriter
+from moe_dag.data.readers import read_shard_batches
+from moe_dag.data.schema import DOCUMENT_SCHEMA, QUARANTINE_SCHEMA, kept_rows, reason_counts
+from moe_dag.data.tokenizer import eos_id, load_tokenizer
+
+
+def kept_batches(shard: ShardInput, out: ShardOutput) -> Iterator[pa.Table]:
+    """The input shard's rows that its stage kept (all rows when it made no decision), in batches."""
+    for batch in read_batches(shard.path, out.lake.fs):
+        yield kept_rows(batch) if "keep" in batch.column_names else batch
+
+
+def decision_counts(decided: pa.Table) -> dict[str, Any]:
+    kept = int(pc.sum(decided["keep"]).as_py() or 0)
+    return {
+        "documents": decided.num_rows,
+        "kept": kept,
+        "dropped": decided.num_rows - kept,
+        "reasons": reason_counts(decided),
+    }
+
+
+class IngestWork(ShardWork):
+    """raw_documents and quarantine from one raw shard."""
+
+    def process(self, shard: ShardInput, out: ShardOutput) -> dict[str, Any]:
+        documents = out.table("raw_documents", DOCUMENT_SCHEMA)
+        quarantine = out.table("quarantine", QUARANTINE_SCHEMA)
+        counts = Counter(records=0, kept=0, quarantined=0)
+        for piece in read_shard_batches(shard.path, out.source):
+            documents.write(piece.documents)
+            if piece.quarantine.num_rows:
+                quarantine.write(piece.quarantine)
+            counts.update(
+                records=piece.records_read,
+                kept=piece.documents.num_rows,
+                quarantined=piece.quarantine.num_rows,
+            )
+        return {"documents": counts["records"], **counts}
+
+
+class FilterWork(ShardWork):
+    """A filtering stage: every kept input row, with the filters' scores and decision."""
+
+    def __init__(self, stage: str, make_filters: Callable[[], Sequence[DocumentFilter]]) -> None:
+        self.stage = stage
+        self.filters = list(make_filters())
+
+    def process(self, shard: ShardInput, out: ShardOutput) -> dict[str, Any]:
+        writer = out.table(self.stage)
+        counts: list[dict[str, Any]] = []
+        for batch in kept_batches(shard, out):
+            decided, stats = run_filters(batch, self.filters)
+            writer.write(decided)
+            counts.append({**decision_counts(decided), "filters": stats.as_dict()["filters"]})
+        return merge_counts(counts)
+
+
+class SignatureWork(ShardWork):
+    """minhash_signatures: the exact hash and MinHash signature of every kept document."""
+
+    def __init__(self, config: MinHashConfig) -> None:
+        self.config = config
+
+    def process(self, shard: ShardInput, out: ShardOutput) -> dict[str, Any]:
+        writer = out.table("minhash_signatures", SIGNATURE_SCHEMA)
+        documents = 0
+        for batch in kept_batches(shard, out):
+            writer.write(compute_signatures(batch, self.config))
+            documents += batch.num_rows
+        return {"documents": documents}
+
+
+class DedupWork(ShardWork):
+    """deduplicated: each kept document's cluster, and the cut of every non-survivor. Holds the
+    source's rows of the cluster table, so it runs in an actor pool."""
+
+    def __init__(self, lake_url: str, source: str) -> None:
+        clusters = Lake(lake_url).read_table("dedup_clusters")
+        self.clusters = clusters.filter(pc.equal(clusters["source"], source))
+
+    def process(self, shard: ShardInput, out: ShardOutput) -> dict[str, Any]:
+        writer = out.table("deduplicated")
+        counts = []
+        for batch in kept_batches(shard, out):
+            decided = apply_dedup(batch, self.clusters)
+            writer.write(decided)
+            counts.append(decision_counts(decided))
+        return merge_counts(counts)
+
+
+class ScoringWork(ShardWork):
+    """scored_documents: the probe, then the judge for documents the probe lets through. Holds the
+    backbone and the heads, so it runs in an actor pool (one GPU per actor in production)."""
+
+    def __init__(self, heads_dir: str, source: str) -> None:
+        # torch and transformers load only in the processes that score, not in every worker.
+        from moe_dag.data.heads import load_backbone, load_heads
+
+        self.stored = load_heads(heads_dir)
+        self.backbone = load_backbone(self.stored.backbone_config)
+        self.thresholds = self.stored.thresholds[source]
+
+    def process(self, shard: ShardInput, out: ShardOutput) -> dict[str, Any]:
+        writer = out.table("scored_documents")
+        counts = []
+        batch_size = self.stored.backbone_config.batch_size
+        from moe_dag.data.scoring import early_exit_summary, score_documents
+
+        for batch in kept_batches(shard, out):
+            scored = score_documents(batch, self.backbone, self.stored.heads, self.thresholds, batch_size)
+            writer.write(scored)
+            exits = early_exit_summary(scored, self.stored.backbone_config)
+            counts.append(
+                {
+                    **decision_counts(scored),
+                    # Rates weighted by documents, so they add up over batches and shards.
+                    "early_exits": round(exits["early_exit_rate"] * scored.num_rows),
+                    "layer_compute_saved": exits["layer_compute_saved"] * scored.num_rows,
+                }
+            )
+        return merge_counts(counts)
+
+
+class TokenizeWork(ShardWork):
+    """Token shards of the kept scored documents: `<key>.bin` + `<key>.index.parquet` under
+    `tokens_stage` for training, `<key>.parquet` under `heldout_stage` for evaluation (the held-out
+    split depends on each id alone, so it is the same whatever the shards)."""
+
+    def __init__(
+        self,
+        tokens_stage: str,
+        heldout_stage: str,
+        tokenizer_path: str,
+        eos_token: str,
+        heldout_fraction: float,
+    ) -> None:
+        self.tokens_stage, self.heldout_stage = tokens_stage, heldout_stage
+        self.tokenizer = load_tokenizer(Path(tokenizer_path))
+        self.eos = eos_id(self.tokenizer, eos_token)
+        self.heldout_fraction = heldout_fraction
+
+    def process(self, shard: ShardInput, out: ShardOutput) -> dict[str, Any]:
+        token_writer = TokenShardWriter(
+            self.tokenizer,
+            self.eos,
+            out.local_path(self.tokens_stage, ".bin"),
+            out.local_path(self.tokens_stage, ".index.parquet"),
+        )
+        heldout = out.table(self.heldout_stage, HELDOUT_SCHEMA)
+        documents = held = 0
+        with token_writer:
+            for batch in kept_batches(shard, out):
+                train, held_rows = split_heldout(batch, self.heldout_fraction)
+                token_writer.write(train)
+                heldout.write(heldout_table(held_rows, self.tokenizer, self.eos, out.source))
+                documents += batch.num_rows
+                held += held_rows.num_rows
+        return {"documents": documents, "heldout": held, "tokens": token_writer.tokens}

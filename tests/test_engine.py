@@ -1,0 +1,235 @@
+"""The data plane: the same stage on 1 or 2 Ray workers, after kill -9, with a new shard, on a Ray head."""
+
+import functools
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pyarrow as pa
+import pytest
+
+from moe_dag.data.engine import ShardStageError, StageSpec, run_stage, upstream_inputs
+from moe_dag.data.engine.stages import FilterWork
+from moe_dag.data.filters import PrefilterConfig, build_prefilters
+from moe_dag.data.ingest import ingest_source
+from moe_dag.data.lake import Lake
+
+SENTENCES = [
+    "The river was high after a week of rain, and the ferry did not run until Thursday.",
+    "Most of the letters she kept were from her brother, who wrote every month from the coast.",
+    "A good map shows what a traveller needs and leaves out everything else.",
+    "The committee met twice before it agreed on the budget for the new library.",
+    "He learned to bake bread from his grandmother, who never measured anything.",
+    "Farmers in the valley grow apples, pears and a little wheat on the higher fields.",
+    "The museum opens at ten and closes early on Sundays during the winter months.",
+    "Our train left on time, but the connection in the next town was cancelled.",
+    "She repaired the old radio with parts she found in a box in the attic.",
+    "Children in the village walk to school along the road beside the canal.",
+    "The report describes how the bridge was built and why it needed repairs so soon.",
+    "Every spring the birds return to the marsh and nest among the tall reeds.",
+    "The recipe calls for two onions, a clove of garlic and a handful of fresh herbs.",
+    "After the storm the neighbours worked together to clear the fallen trees.",
+    "The lecture covered the history of the harbour from the Roman period onwards.",
+    "Tickets for the concert sold out within an hour of going on sale.",
+    "His first novel was set in a small town much like the one where he grew up.",
+    "The garden behind the house is quiet in the morning and full of light.",
+    "They painted the kitchen a pale yellow and hung new curtains by the window.",
+    "A long walk in the hills is the best cure for a restless mind.",
+]
+
+
+def write_corpus(folder, shards: int, docs: int, first: int = 0) -> None:
+    """`shards` JSON-lines shards of `docs` English documents; every fifth is too short to keep."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for shard in range(first, first + shards):
+        lines = []
+        for i in range(docs):
+            picked = random.Random(f"{shard}/{i}").sample(SENTENCES, 1 if i % 5 == 0 else 8)
+            lines.append(json.dumps({"id": f"s{shard}-d{i}", "text": "\n".join(picked)}))
+        (folder / f"shard-{shard:03d}.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def prefilter_spec(languages=("en",)) -> StageSpec:
+    config = PrefilterConfig()
+    make_filters = functools.partial(build_prefilters, config, "web", list(languages))
+    return StageSpec(
+        outputs=("prefiltered",),
+        make_work=functools.partial(FilterWork, "prefiltered", make_filters),
+        params=repr((config, languages)),
+        actor_pool=True,
+    )
+
+
+def ingested(tmp_path, name: str, shards: int = 6, docs: int = 12) -> Lake:
+    corpus = tmp_path / "corpus"
+    if not corpus.exists():
+        write_corpus(corpus, shards, docs)
+    lake = Lake(tmp_path / name)
+    ingest_source(lake, "web", str(corpus), workers=0)
+    return lake
+
+
+def sorted_rows(lake: Lake, stage: str) -> pa.Table:
+    return lake.read_table(stage, "web").sort_by("id")
+
+
+def test_one_and_two_ray_workers_give_identical_outputs(tmp_path, local_ray):
+    outputs = {}
+    for workers in (1, 2):
+        lake = ingested(tmp_path, f"lake-{workers}")
+        run = run_stage(
+            prefilter_spec(), lake, "web", upstream_inputs(lake, "raw_documents", "web"), workers=workers
+        )
+        assert run.shards_run == 6 and run.counts["documents"] == 72
+        outputs[workers] = sorted_rows(lake, "prefiltered")
+    assert outputs[1].equals(outputs[2])
+    reasons = set(outputs[1]["reason"].to_pylist())
+    assert reasons == {None, "too_few_words"}  # the long ones kept, the short ones dropped
+
+
+def test_a_new_shard_is_processed_alone(tmp_path):
+    lake = ingested(tmp_path, "lake", shards=3)
+    first = run_stage(prefilter_spec(), lake, "web", upstream_inputs(lake, "raw_documents", "web"), workers=0)
+    before = lake.records("prefiltered", "web")
+
+    write_corpus(tmp_path / "corpus", shards=1, docs=12, first=3)
+    assert ingest_source(lake, "web", str(tmp_path / "corpus"), workers=0).shards_run == 1
+    second = run_stage(
+        prefilter_spec(), lake, "web", upstream_inputs(lake, "raw_documents", "web"), workers=0
+    )
+    assert (first.shards_run, second.shards_run) == (3, 1)
+    after = lake.records("prefiltered", "web")
+    assert {key: after[key] for key in before} == before  # the old shards' records are untouched
+    assert sorted(after) == ["shard-000", "shard-001", "shard-002", "shard-003"]
+
+    changed = prefilter_spec(languages=("en", "fr"))  # new parameters: every shard is redone
+    assert (
+        run_stage(changed, lake, "web", upstream_inputs(lake, "raw_documents", "web"), workers=0).shards_run
+        == 4
+    )
+
+
+def test_an_unopenable_shard_fails_naming_its_file_while_bad_lines_reach_quarantine(tmp_path, local_ray):
+    corpus = tmp_path / "corpus"
+    write_corpus(corpus, shards=2, docs=5)
+    with open(corpus / "shard-000.jsonl", "a") as shard:
+        shard.write('{"id": "broken", "text": \n')
+    (corpus / "shard-009.jsonl.gz").write_bytes(b"this is not gzip")
+    lake = Lake(tmp_path / "lake")
+    with pytest.raises(ShardStageError, match="1 of 3 shards failed") as failure:
+        ingest_source(lake, "web", str(corpus))
+    assert str(corpus / "shard-009.jsonl.gz") in str(failure.value) and "not a valid gzip stream" in str(
+        failure.value
+    )
+    assert sorted(lake.records("raw_documents", "web")) == ["shard-000", "shard-001"]  # the others are done
+    bad = lake.read_table("quarantine", "web").to_pylist()
+    assert [(row["shard"], row["line"]) for row in bad] == [(str(corpus / "shard-000.jsonl"), 6)]
+
+
+SLOW_STAGE = """
+import dataclasses, functools, sys, time
+from moe_dag.data.engine import RayConfig, connect, run_stage, upstream_inputs
+from moe_dag.data.engine.stages import FilterWork
+from moe_dag.data.lake import Lake
+sys.path.insert(0, {tests!r})
+from test_engine import prefilter_spec
+
+class SlowFilterWork(FilterWork):
+    def process(self, shard, out):
+        time.sleep(1.0)
+        return super().process(shard, out)
+
+spec = prefilter_spec()
+spec = dataclasses.replace(spec, make_work=functools.partial(SlowFilterWork, *spec.make_work.args))
+connect(RayConfig(num_cpus=2, object_store_gb=0.25))
+lake = Lake({lake!r})
+run_stage(spec, lake, "web", upstream_inputs(lake, "raw_documents", "web"), workers=2)
+"""
+
+
+@pytest.mark.slow
+def test_a_stage_killed_half_way_redoes_only_its_unfinished_shards(tmp_path):
+    lake = ingested(tmp_path, "lake", shards=10, docs=8)
+    script = SLOW_STAGE.format(tests=os.path.dirname(__file__), lake=lake.url)
+    # Its own session, so killing the group takes Ray's processes with the driver.
+    stage = subprocess.Popen([sys.executable, "-c", script], start_new_session=True, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 240
+    while len(lake.records("prefiltered", "web")) < 3:
+        assert stage.poll() is None, stage.stderr.read().decode()[-3000:]
+        assert time.monotonic() < deadline, "the stage finished no shard in time"
+        time.sleep(0.2)
+    os.killpg(stage.pid, signal.SIGKILL)
+    stage.wait()
+    finished = lake.records("prefiltered", "web")
+    assert 3 <= len(finished) < 10
+
+    rerun = run_stage(prefilter_spec(), lake, "web", upstream_inputs(lake, "raw_documents", "web"), workers=0)
+    assert rerun.shards_run == 10 - len(finished)
+    assert {key: rerun.records[key] for key in finished} == finished
+    uninterrupted = ingested(tmp_path, "uninterrupted", shards=10, docs=8)
+    run_stage(
+        prefilter_spec(),
+        uninterrupted,
+        "web",
+        upstream_inputs(uninterrupted, "raw_documents", "web"),
+        workers=0,
+    )
+    assert sorted_rows(lake, "prefiltered").equals(sorted_rows(uninterrupted, "prefiltered"))
+    hidden = [p.name for p in (tmp_path / "lake" / "prefiltered" / "source=web").rglob(".*")]
+    assert hidden == []  # the killed run's partial files are gone
+
+
+BY_ADDRESS = """
+import sys
+sys.path.insert(0, {tests!r})
+from moe_dag.data.engine import RayConfig, connect, run_stage, upstream_inputs
+from moe_dag.data.lake import Lake
+from test_engine import prefilter_spec
+import ray
+print(connect(RayConfig(address={address!r})))
+lake = Lake({lake!r})
+run_stage(prefilter_spec(), lake, "web", upstream_inputs(lake, "raw_documents", "web"))
+print("nodes", len(ray.nodes()))
+"""
+
+
+@pytest.mark.slow
+def test_a_stage_runs_on_a_ray_head_by_address(tmp_path, local_ray):
+    port = _free_port()
+    head = subprocess.Popen(
+        ["ray", "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=2",
+         "--object-store-memory=268435456", "--include-dashboard=false", f"--temp-dir=/tmp/moe-ray-{port}"],
+        env={**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"},
+        start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        remote = ingested(tmp_path, "remote")
+        script = BY_ADDRESS.format(
+            tests=os.path.dirname(__file__), address=f"127.0.0.1:{port}", lake=remote.url
+        )
+        ran = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+        assert ran.returncode == 0, ran.stderr[-3000:]
+        assert f":{port}: 2 CPUs" in ran.stdout and "nodes 1" in ran.stdout  # the head, not a local Ray
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)
+        try:
+            head.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait()
+        shutil.rmtree(f"/tmp/moe-ray-{port}", ignore_errors=True)
+    local = ingested(tmp_path, "local")
+    run_stage(prefilter_spec(), local, "web", upstream_inputs(local, "raw_documents", "web"))
+    assert sorted_rows(remote, "prefiltered").equals(sorted_rows(local, "prefiltered"))
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
