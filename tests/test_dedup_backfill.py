@@ -118,12 +118,13 @@ def full_run(defs: dg.Definitions, instance: dg.DagsterInstance) -> None:
 
 
 def kept_ids(config_path: Path) -> set[str]:
+    """Kept document ids as written in the shards (the lake namespaces them `<source>/<id>`)."""
     config = load_config(config_path)
     lake = Lake(config.lake_root)
     kept = set()
     for source in SOURCES:
         table = lake.read_table("deduplicated", source, columns=["id", "keep"])
-        kept |= set(table.filter(table["keep"])["id"].to_pylist())
+        kept |= {id.removeprefix(f"{source}/") for id in table.filter(table["keep"])["id"].to_pylist()}
     return kept
 
 
