@@ -169,12 +169,13 @@ def test_text_kind_without_languages_skips_language_id():
         "gopher_quality",
         "c4_quality",
         "fineweb_quality",
+        "perplexity",
     ]
 
 
 def test_families_are_chosen_per_source():
     config = dataclasses.replace(CONFIG, families=("gopher_quality",))
-    assert [f.name for f in build_prefilters(config, "web", None)] == ["size", "gopher_quality"]
+    assert [f.name for f in build_prefilters(config, "web", None)] == ["size", "gopher_quality", "perplexity"]
     with pytest.raises(ValueError, match="unknown \\['gopher'\\]"):
         dataclasses.replace(CONFIG, families=("gopher",))
 

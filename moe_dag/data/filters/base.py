@@ -35,6 +35,9 @@ class DocumentFilter(ABC):
     # score columns (`language`). Each arrives as a keyword argument, a list aligned with `texts`, all None
     # where the table has no such column.
     inputs: tuple[str, ...] = ()
+    # True for a filter that must see every row still kept at once (a cut at percentiles of the whole
+    # table's scores): `run_filters` then runs it alone, after the filters before it finished every chunk.
+    whole_table: bool = False
 
     def score(self, texts: list[str], **inputs: list[Any]) -> dict[str, np.ndarray]:
         """Named score columns for `texts`, one value per text. Filters that only read text return {}."""
@@ -95,16 +98,17 @@ def run_filters(
     stats = FilterStats(documents=len(texts), kept=0, filters={f.name: FilterCounts() for f in filters})
     # Every filter runs over one chunk before the next chunk starts: per-document work such as word
     # splitting is then cached across filters (see `text.split_words`) with memory bounded by the chunk.
-    for chunk_start in range(0, len(texts), chunk_rows):
-        chunk = np.arange(chunk_start, min(chunk_start + chunk_rows, len(texts)))
-        for doc_filter in filters:
-            start = time.perf_counter()
-            rows = chunk[keep[chunk]]
-            inputs = {name: _input_column(table, scored, name, rows) for name in doc_filter.inputs}
-            _apply_filter(
-                doc_filter, texts, rows, inputs, keep, reason, scored, stats.filters[doc_filter.name]
-            )
-            stats.filters[doc_filter.name].seconds += time.perf_counter() - start
+    for segment in _segments(filters):
+        size = len(texts) if segment[0].whole_table else chunk_rows
+        for chunk_start in range(0, len(texts), max(size, 1)):
+            chunk = np.arange(chunk_start, min(chunk_start + size, len(texts)))
+            for doc_filter in segment:
+                start = time.perf_counter()
+                rows = chunk[keep[chunk]]
+                inputs = {name: _input_column(table, scored, name, rows) for name in doc_filter.inputs}
+                counts = stats.filters[doc_filter.name]
+                _apply_filter(doc_filter, texts, rows, inputs, keep, reason, scored, counts)
+                counts.seconds += time.perf_counter() - start
     stats.kept = int(keep.sum())
 
     # A rerun over an already-scored table replaces its old score columns rather than duplicating them.
@@ -114,12 +118,25 @@ def run_filters(
     return with_decisions(table, keep.tolist(), reason), stats
 
 
+def _segments(filters: Sequence[DocumentFilter]) -> list[list[DocumentFilter]]:
+    """Runs of filters that go chunk by chunk, each whole-table filter a run of its own."""
+    segments: list[list[DocumentFilter]] = []
+    for doc_filter in filters:
+        if doc_filter.whole_table or not segments or segments[-1][0].whole_table:
+            segments.append([doc_filter])
+        else:
+            segments[-1].append(doc_filter)
+    return segments
+
+
 def _input_column(table: pa.Table, scored: _Scored, name: str, rows: np.ndarray) -> list[Any]:
     """Column `name` (an earlier filter's scores first, then the table's) at `rows`; None where absent."""
     if name in scored:
-        # The earlier filter's latest part holds this chunk: it ran on the chunk just before.
-        part_rows, part_values, _ = scored[name][-1]
-        values = dict(zip(part_rows.tolist(), part_values.tolist(), strict=True))
+        wanted, values = set(rows.tolist()), {}
+        for part_rows, part_values, _ in reversed(scored[name]):  # the latest part usually holds them all
+            values.update(zip(part_rows.tolist(), part_values.tolist(), strict=True))
+            if wanted <= values.keys():
+                break
         return [values.get(i) for i in rows.tolist()]
     if name in table.column_names:
         return table[name].take(pa.array(rows, pa.int64())).to_pylist()

@@ -1,5 +1,5 @@
-"""The cheap first pass over raw documents: size, language and the four heuristic rule families for text;
-file rules for code.
+"""The first pass over raw documents: size, language, the four heuristic rule families and perplexity
+outliers for text; file rules for code.
 
 `PrefilterConfig.reference()` holds the references' own defaults (datatrove's `GopherQualityFilter`,
 `GopherRepetitionFilter`, `C4QualityFilter`, `FineWebQualityFilter`); `PrefilterConfig()` departs from them
@@ -8,7 +8,8 @@ README. A source changes any field through its `prefilter:` block in the pipelin
 
 Order: the size guard first (it bounds the work any later rule does on one document), then language ID,
 then the families in FineWeb's pipeline order (Gopher repetition, Gopher quality, C4, FineWeb), so the
-reason recorded is the one FineWeb would have given.
+reason recorded is the one FineWeb would have given, and last the perplexity cut, whose model trains on
+the documents the rules kept and whose percentiles are those of the whole source (a whole-table filter).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from moe_dag.data.filters.fineweb import FineWebQualityFilter
 from moe_dag.data.filters.gopher_quality import GopherQualityFilter
 from moe_dag.data.filters.gopher_repetition import GopherRepetitionFilter
 from moe_dag.data.filters.language import LanguageFilter
+from moe_dag.data.filters.perplexity import PerplexityFilter
 from moe_dag.data.filters.size import DocumentSizeFilter
 
 FAMILIES = {
@@ -97,6 +99,15 @@ class PrefilterConfig:
     code_max_mean_line_length: float = 100.0
     code_min_alphanumeric_fraction: float = 0.25
     code_prose_extensions: tuple[str, ...] = (".md", ".markdown", ".rst", ".txt", ".adoc", ".org")
+    # Perplexity outliers (text sources): documents under the low or over the high percentile of the
+    # source's perplexity drop. The reference the n-gram model trains on is `perplexity_reference` (a
+    # .parquet or .jsonl file with a `text` column), else a sample of the documents the rules kept.
+    perplexity_low_percentile: float = 1.0
+    perplexity_high_percentile: float = 99.0
+    perplexity_order: int = 3
+    perplexity_reference: str | None = None
+    perplexity_reference_documents: int = 2000
+    perplexity_min_documents: int = 100
 
     @classmethod
     def reference(cls, **changes: object) -> PrefilterConfig:
@@ -132,6 +143,10 @@ class PrefilterConfig:
                 )
             # YAML keys may arrive as strings ("2": 0.2).
             setattr(self, name, {int(n): float(v) for n, v in getattr(self, name).items()})
+        if not 0.0 <= self.perplexity_low_percentile < self.perplexity_high_percentile <= 100.0:
+            raise ValueError(
+                "PrefilterConfig: need 0 <= perplexity_low_percentile < perplexity_high_percentile <= 100"
+            )
         for language, score in self.language_min_scores.items():
             if not 0.0 <= score <= 1.0:
                 raise ValueError(f"PrefilterConfig.language_min_scores[{language!r}] must lie in [0, 1]")
@@ -169,4 +184,36 @@ def build_prefilters(config: PrefilterConfig, kind: str, languages: list[str] | 
             )
         ]
     )
-    return [size, *language_id, *(FAMILIES[family](config) for family in config.families)]
+    rules = [FAMILIES[family](config) for family in config.families]
+    return [size, *language_id, *rules, perplexity_filter(config)]
+
+
+def perplexity_filter(config: PrefilterConfig) -> PerplexityFilter:
+    """The perplexity cut, fitted later on the source's kept documents (see `PerplexityFilter`)."""
+    reference = None if config.perplexity_reference is None else read_texts(config.perplexity_reference)
+    return PerplexityFilter(
+        low_percentile=config.perplexity_low_percentile,
+        high_percentile=config.perplexity_high_percentile,
+        order=config.perplexity_order,
+        reference_documents=config.perplexity_reference_documents,
+        min_documents=config.perplexity_min_documents,
+        reference_texts=reference,
+    )
+
+
+def read_texts(path: str) -> list[str]:
+    """The `text` column of a .parquet or .jsonl file (local path or fsspec URL)."""
+    import fsspec
+    import pyarrow.json
+    import pyarrow.parquet
+
+    with fsspec.open(path, "rb") as file:
+        if path.endswith(".parquet"):
+            table = pyarrow.parquet.read_table(file, columns=["text"])
+        elif path.endswith((".jsonl", ".json")):
+            table = pyarrow.json.read_json(file)
+        else:
+            raise ValueError(f"perplexity_reference {path}: expected a .parquet or .jsonl file")
+    if "text" not in table.column_names:
+        raise ValueError(f"perplexity_reference {path}: no 'text' column (columns: {table.column_names})")
+    return [text for text in table["text"].to_pylist() if text]
