@@ -91,7 +91,8 @@ def main() -> None:
         )
     print(f"all four keep:     moe-dag {sum(overall_ours):5d}  datatrove {sum(overall_theirs):5d}")
     print(
-        f"docs/s per core: moe-dag {ours_rate:.1f}, datatrove {theirs_rate:.1f}, ratio {ours_rate / theirs_rate:.1f}x"
+        f"docs/s per core: moe-dag {ours_rate:.1f}, datatrove {theirs_rate:.1f}, "
+        f"ratio {ours_rate / theirs_rate:.1f}x"
     )
     print(
         json.dumps(
