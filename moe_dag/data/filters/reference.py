@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import importlib.metadata
+import random
 import re
 import sysconfig
 from pathlib import Path
@@ -97,3 +98,49 @@ def datatrove_keep(reference_filter: Any, text: str) -> tuple[bool, str | None]:
     if isinstance(result, tuple):
         return bool(result[0]), result[1]
     return bool(result), None
+
+
+# lid.176 names Norwegian Bokmål "no"; the gettext locales name it "nb".
+_LOCALE_TO_LABEL = {"nb": "no"}
+
+
+def labelled_language_samples(
+    per_language: int = 20, chars: int = 200, min_messages: int = 2000, seed: int = 0
+) -> dict[str, list[str]]:
+    """Real translated text by language: samples of ~`chars` characters of gettext messages.
+
+    From the `.mo` catalogues installed on the machine (the translations of coreutils, apt, bash, ...):
+    each locale with at least `min_messages` messages gives `per_language` samples of whole messages
+    joined by spaces, labelled with the locale's language ("pt_BR" and "pt_PT" are "pt"). Script variants
+    ("sr@latin") are left out: their label would not say which script to expect.
+    """
+    from moe_dag.data.demo_corpus.gettext_text import find_catalogues, read_mo_messages
+
+    rng = random.Random(seed)
+    by_language: dict[str, list[str]] = {}
+    for locale, paths in sorted(find_catalogues().items()):
+        if "@" in locale:
+            continue
+        language = locale.split("_")[0]
+        messages = [
+            " ".join(text.split())
+            for path in paths
+            for _, text in read_mo_messages(path)
+            if len(text) >= 20 and sum(map(str.isalpha, text)) >= 0.8 * len(text.replace(" ", ""))
+        ]
+        by_language.setdefault(_LOCALE_TO_LABEL.get(language, language), []).extend(messages)
+    samples: dict[str, list[str]] = {}
+    for language, messages in sorted(by_language.items()):
+        if len(messages) < min_messages:
+            continue
+        rng.shuffle(messages)
+        picked, current = [], []
+        for message in messages:
+            current.append(message)
+            if sum(map(len, current)) >= chars:
+                picked.append(" ".join(current))
+                current = []
+                if len(picked) == per_language:
+                    break
+        samples[language] = picked
+    return samples
