@@ -374,3 +374,16 @@ def test_run_filters_rejects_unknown_reason_codes():
 def test_run_filters_needs_a_text_column():
     with pytest.raises(ValueError, match="needs a 'text' column"):
         run_filters(pa.table({"body": ["x"]}), [CodeFilter(CONFIG)])
+
+
+def test_every_filter_pickles_for_a_worker(english_prefilters, toxicity_text):
+    """A Ray actor builds its filters from a pickled copy: models load lazily, not into the pickle."""
+    import pickle
+
+    run_filters(pa.table({"text": [GOOD_TEXT]}), [*english_prefilters, *toxicity_text])
+    for doc_filter in [*english_prefilters, *toxicity_text, CodeFilter(CONFIG)]:
+        copy = pickle.loads(pickle.dumps(doc_filter))
+        assert type(copy) is type(doc_filter) and copy.reasons == doc_filter.reasons
+    language = english_prefilters[1]
+    assert language._detector is not None  # loaded by the run above, left out of the pickle
+    assert pickle.loads(pickle.dumps(language))._detector is None
