@@ -55,3 +55,19 @@ def test_language_id_still_loads_beside_the_bench_extra():
         ["The committee will publish its final report on the water supply next spring."]
     )
     assert scores["language"][0] == "en" and scores["language_score"][0] > 0.8
+
+
+def test_spacy_tables_match_the_installed_spacy(tmp_path):
+    """`spacy_english.py` is generated: regenerated from the installed spaCy it holds the same tables."""
+    import importlib.util
+
+    from moe_dag.data.filters import spacy_english
+    from moe_dag.data.filters.reference import write_spacy_english
+
+    path = tmp_path / "regenerated.py"
+    write_spacy_english(path)
+    spec = importlib.util.spec_from_file_location("regenerated", path)
+    regenerated = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(regenerated)
+    for name in ("PREFIX", "SUFFIX", "INFIX", "URL", "SENTENCE_PUNCTUATION", "SPECIAL_CASES"):
+        assert getattr(regenerated, name) == getattr(spacy_english, name), name

@@ -144,3 +144,33 @@ def labelled_language_samples(
                     break
         samples[language] = picked
     return samples
+
+
+SPACY_ENGLISH = Path(__file__).with_name("spacy_english.py")
+
+
+def write_spacy_english(path: str | Path = SPACY_ENGLISH) -> None:
+    """Regenerate `spacy_english.py` from the installed spaCy (when datatrove moves to another spaCy)."""
+    import spacy
+    from spacy.pipeline import Sentencizer
+    from spacy.symbols import ORTH
+
+    tokenizer = spacy.blank("en").tokenizer
+    special = {key: tuple(piece[ORTH] for piece in pieces) for key, pieces in tokenizer.rules.items()}
+    lines = [
+        f'"""spaCy\'s English tokenizer tables (spaCy {spacy.__version__}, `spacy.blank("en")`, MIT '
+        "licence), copied as data.\n\nGenerated, not written by hand: prefix, suffix, infix and URL "
+        "patterns and the "
+        'special cases of\n`spacy.blank("en").tokenizer`, and the punctuation of spaCy\'s `Sentencizer`. '
+        "`text.py` runs spaCy's\ntokenizer algorithm over them. Regenerate with "
+        '`moe_dag.data.filters.reference.write_spacy_english()`.\n"""\n\n# ruff: noqa: E501\n',
+        f"PREFIX = {tokenizer.prefix_search.__self__.pattern!r}\n",
+        f"SUFFIX = {tokenizer.suffix_search.__self__.pattern!r}\n",
+        f"INFIX = {tokenizer.infix_finditer.__self__.pattern!r}\n",
+        f"URL = {tokenizer.url_match.__self__.pattern!r}\n",
+        f"SENTENCE_PUNCTUATION = frozenset({tuple(Sentencizer.default_punct_chars)!r})\n",
+        "SPECIAL_CASES = {\n",
+        *(f"    {key!r}: {special[key]!r},\n" for key in sorted(special)),
+        "}\n",
+    ]
+    Path(path).write_text("".join(lines))

@@ -2,8 +2,7 @@
 
 Generated, not written by hand: prefix, suffix, infix and URL patterns and the special cases of
 `spacy.blank("en").tokenizer`, and the punctuation of spaCy's `Sentencizer`. `text.py` runs spaCy's
-tokenizer algorithm over them; regenerate with the snippet in `reference.py` when datatrove moves to another
-spaCy.
+tokenizer algorithm over them. Regenerate with `moe_dag.data.filters.reference.write_spacy_english()`.
 """
 
 # ruff: noqa: E501
