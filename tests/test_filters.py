@@ -387,3 +387,12 @@ def test_every_filter_pickles_for_a_worker(english_prefilters, toxicity_text):
     language = english_prefilters[1]
     assert language._detector is not None  # loaded by the run above, left out of the pickle
     assert pickle.loads(pickle.dumps(language))._detector is None
+
+
+def test_documents_in_other_languages_get_the_stricter_cut(toxicity_text):
+    """The classifier read English only: at 0.5 it flagged clean translated messages in the demo."""
+    text = GOOD_TEXT + "\nYou are such a loser, nobody wants you here."
+    english, _ = run_filters(pa.table({"text": [text], "language": ["en"]}), toxicity_text)
+    german, _ = run_filters(pa.table({"text": [text], "language": ["de"]}), toxicity_text)
+    assert english["reason"][0].as_py() == "toxic_lines"
+    assert german["keep"][0].as_py()

@@ -10,7 +10,9 @@ least `min_toxic_lines` of its lines score above `line_probability` and they are
 Defaults: `line_probability` 0.5 for text, from the labelled real tweets measured in issue 10 (precision
 0.98 at recall 0.92 on the worst line; the former 0.99 cut gave 1.0 at 0.64). Code stays stricter
 (0.95 and two lines): of the standard library's 74,000 lines of three words or more, "kill = terminate"
-scores 0.95, and a cut of 0.5 drops ordinary modules for "kill", "abort", "dummy" and "execute".
+scores 0.95, and a cut of 0.5 drops ordinary modules for "kill", "abort", "dummy" and "execute". The
+model read English only: documents language ID placed in another language get
+`line_probability_other_languages` (0.95).
 
 The word list (whole words, case-insensitive) is reported in its own column and drops a document only at
 `blocklist_min_hits` hits or more, so a quoted slur in an encyclopedia article does not drop it alone.
@@ -54,6 +56,9 @@ class ToxicityConfig:
     line_probability: float = 0.5
     # Code reads as forum speech to a model trained on comments ("kill", "dummy", "abort"): a stricter cut.
     line_probability_code: float = 0.95
+    # The model was trained on English: on documents language ID found in another language, 0.5 flagged
+    # 67 of the demo's 626 clean translated-message documents; 0.95 keeps insults in English lines.
+    line_probability_other_languages: float = 0.95
     # A document drops when at least `min_toxic_lines` of its lines are toxic and they are more than
     # `max_toxic_line_share` of its scored lines.
     min_toxic_lines: int = 1
@@ -69,7 +74,7 @@ class ToxicityConfig:
     extra_blocklist: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("line_probability", "line_probability_code"):
+        for name in ("line_probability", "line_probability_code", "line_probability_other_languages"):
             if not 0.0 < getattr(self, name) < 1.0:
                 raise ValueError(f"ToxicityConfig.{name} must lie in (0, 1), got {getattr(self, name)}")
         if not 0.0 <= self.max_toxic_line_share < 1.0:
@@ -92,6 +97,7 @@ class ToxicLinesFilter(DocumentFilter):
 
     name = "toxicity_classifier"
     reasons = ("toxic_lines",)
+    inputs = ("language",)
 
     def __init__(
         self,
@@ -101,8 +107,10 @@ class ToxicLinesFilter(DocumentFilter):
         min_toxic_lines: int,
         max_toxic_line_share: float = 0.0,
         whole_document_words: int = 0,
+        line_probability_other_languages: float | None = None,
     ) -> None:
         self.line_probability = line_probability
+        self.line_probability_other_languages = line_probability_other_languages or line_probability
         self.min_line_words = min_line_words
         self.min_toxic_lines = min_toxic_lines
         self.max_toxic_line_share = max_toxic_line_share
@@ -112,7 +120,7 @@ class ToxicLinesFilter(DocumentFilter):
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_predict_prob": None}
 
-    def score(self, texts: list[str]) -> dict[str, np.ndarray]:
+    def score(self, texts: list[str], language: list[str | None] | None = None) -> dict[str, np.ndarray]:
         if self._predict_prob is None:
             from profanity_check import predict_prob
 
@@ -128,8 +136,15 @@ class ToxicLinesFilter(DocumentFilter):
         scored_lines = np.zeros(len(texts), dtype=np.int64)
         if pieces:
             probability = self._predict_prob(pieces)
+            # The cut for each document: English, or not identified, gets `line_probability`.
+            cut = np.array(
+                [
+                    self.line_probability if lang in (None, "en") else self.line_probability_other_languages
+                    for lang in (language or [None] * len(texts))
+                ]
+            )
             np.maximum.at(toxicity_max, owner, probability)
-            np.add.at(toxic_lines, owner, probability > self.line_probability)
+            np.add.at(toxic_lines, owner, probability > cut[np.array(owner)])
             np.add.at(scored_lines, owner, 1)
         share = toxic_lines / np.maximum(scored_lines, 1)
         return {"toxicity_max": toxicity_max, "toxic_lines": toxic_lines, "toxic_line_share": share}
@@ -177,6 +192,7 @@ def build_toxicity_filters(config: ToxicityConfig, kind: str) -> list[DocumentFi
             min_toxic_lines=config.min_toxic_lines_code if code else config.min_toxic_lines,
             max_toxic_line_share=config.max_toxic_line_share,
             whole_document_words=0 if code else config.whole_document_words,
+            line_probability_other_languages=None if code else config.line_probability_other_languages,
         ),
         BlocklistFilter(words, min_hits=config.blocklist_min_hits),
     ]
