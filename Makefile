@@ -4,9 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STATE := .moe_dag
 CONFIG ?= configs/demo.yaml
-# The CPU build of torch on a laptop or CI; on a GPU box: make setup TORCH_SPEC='torch>=2.6,<2.15' EXTRAS=dev,gpu
+# The CPU build of torch on a laptop or CI; on a GPU box: make setup TORCH_SPEC='torch>=2.6,<2.15' EXTRAS=dev,bench,gpu
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS ?= dev
+EXTRAS ?= dev,bench
 export DAGSTER_HOME := $(CURDIR)/$(STATE)/dagster
 export MOE_DAG_CONFIG := $(CONFIG)
 
@@ -39,12 +39,7 @@ test-fast: setup
 ui: setup
 	$(BIN)/dagster dev -h 127.0.0.1 -p 3000
 
-# Benchmark baselines (datatrove, datasketch) live in the `bench` extra.
-$(BIN)/.bench-installed: $(BIN)/.installed
-	$(BIN)/pip install --quiet -e '.[$(EXTRAS),bench]'
-	touch $@
-
-bench: setup $(BIN)/.bench-installed
+bench: setup
 	@for script in benchmarks/*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
 
 lint: setup

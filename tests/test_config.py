@@ -43,13 +43,13 @@ def test_a_misspelt_key_names_the_file_and_the_key_path(tmp_path):
 
 
 def test_a_source_prefilter_override_must_name_a_real_field(tmp_path):
-    source = {**MINIMAL["sources"][0], "prefilter": {"min_word": 3}}
+    source = {**MINIMAL["sources"][0], "prefilter": {"gopher_min_word": 3}}
     with pytest.raises(ValueError, match=r"sources\[web\]\.prefilter"):
         load_config(write(tmp_path, {**MINIMAL, "sources": [source]}))
-    source["prefilter"] = {"min_words": 3}
+    source["prefilter"] = {"gopher_min_words": 3}
     config = load_config(write(tmp_path, {**MINIMAL, "sources": [source]}))
-    assert config.prefilter_for(config.source("web")).min_words == 3
-    assert config.prefilter.min_words != 3
+    assert config.prefilter_for(config.source("web")).gopher_min_words == 3
+    assert config.prefilter.gopher_min_words != 3
 
 
 def test_bad_values_fail_at_load_time(tmp_path):

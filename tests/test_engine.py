@@ -90,7 +90,7 @@ def test_one_and_two_ray_workers_give_identical_outputs(tmp_path, local_ray):
         outputs[workers] = sorted_rows(lake, "prefiltered")
     assert outputs[1].equals(outputs[2])
     reasons = set(outputs[1]["reason"].to_pylist())
-    assert reasons == {None, "too_few_words"}  # the long ones kept, the short ones dropped
+    assert reasons == {None, "gopher_too_few_words"}  # the long ones kept, the short ones dropped
 
 
 def test_a_new_shard_is_processed_alone(tmp_path):

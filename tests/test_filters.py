@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pyarrow as pa
@@ -18,8 +19,6 @@ from moe_dag.data.filters import (
 )
 from moe_dag.data.filters.code import CodeFilter
 from moe_dag.data.filters.language import LanguageFilter
-from moe_dag.data.filters.quality import TextQualityFilter
-from moe_dag.data.filters.repetition import RepetitionFilter
 
 CONFIG = PrefilterConfig()
 
@@ -27,7 +26,8 @@ GOOD_TEXT = (
     "The river runs through the old town and past the mill where bread was baked for centuries.\n"
     "Every morning the baker opened the shutters, lit the oven and greeted the first customers by name.\n"
     "Children walked along the water on their way to school, counting the boats tied to the wooden posts.\n"
-    "In winter the surface sometimes froze, and the whole village came out to skate under the lanterns."
+    "In winter the surface sometimes froze, and the whole village came out to skate under the lanterns.\n"
+    "Visitors still come to see the old wheel turn, and the bakery sells its bread with the same recipe."
 )
 
 GOOD_CODE = '''import os
@@ -111,9 +111,41 @@ def test_language_not_allowed():
 
 
 def test_language_score_too_low():
-    assert (
-        reason([LanguageFilter(languages=[], min_score=0.65)], "1234 5678 90 42") == "language_score_too_low"
+    # Identified (score over the unknown cut) but under the language's own cut.
+    language = LanguageFilter(languages=[], min_score=0.65, min_scores={"de": 0.999}, unknown_below=0.3)
+    assert reason([language], SENTENCES["de"]) == "language_score_too_low"
+    assert reason([LanguageFilter(languages=[], min_score=0.65)], SENTENCES["de"]) is None
+
+
+def test_language_cut_per_language():
+    """Defect from issue 10: well-identified languages with a low score (Croatian) need their own cut."""
+    croatian = "Odbor će sljedećeg proljeća objaviti završno izvješće o opskrbi vodom u sjevernom okrugu."
+    scores = LanguageFilter(languages=[], min_score=0.65).score([croatian])
+    assert scores["language"][0] == "hr"
+    lowered = LanguageFilter(
+        languages=[], min_score=0.65, min_scores={"hr": float(scores["language_score"][0]) - 0.01}
     )
+    assert reason([lowered], croatian) is None
+
+
+def test_language_unknown_to_the_model_has_its_own_reason():
+    """Defect from issue 10: lid.176 knows no Zulu: such text drops as unidentified, not as low-scoring."""
+    zulu = (
+        "Ikomidi lizoshicilela umbiko walo wokugcina mayelana nokuhlinzekwa kwamanzi entwasahlobo ezayo, "
+        "futhi izakhamuzi zizokwazi ukufunda ngawo emtatsheni wezincwadi womphakathi."
+    )
+    language = LanguageFilter(languages=[], min_score=0.65, unknown_below=0.3)
+    scores = language.score([zulu])
+    assert scores["language"][0] != "zu"  # not in the model's 176 languages
+    if scores["language_score"][0] < 0.3:
+        assert reason([language], zulu) == "language_unidentified"
+    else:
+        assert reason([language], zulu) == "language_score_too_low"
+
+
+def test_short_texts_fail_the_length_rule_not_language_id(english_prefilters):
+    assert reason(english_prefilters, "1234 5678 90 42") == "gopher_too_few_words"
+    assert reason(english_prefilters, "Danke schön, bis morgen.") == "gopher_too_few_words"
 
 
 def test_language_id_reads_text_across_newlines():
@@ -131,116 +163,21 @@ def test_code_kind_skips_language_id():
 
 
 def test_text_kind_without_languages_skips_language_id():
-    assert [f.name for f in build_prefilters(CONFIG, "math", None)] == ["text_quality", "repetition"]
+    assert [f.name for f in build_prefilters(CONFIG, "math", None)] == [
+        "size",
+        "gopher_repetition",
+        "gopher_quality",
+        "c4_quality",
+        "fineweb_quality",
+        "perplexity",
+    ]
 
 
-# ---- text quality ------------------------------------------------------------------------------
-
-QUALITY = [TextQualityFilter(CONFIG)]
-
-
-def test_too_few_words():
-    assert reason(QUALITY, "A short note.") == "too_few_words"
-
-
-def test_too_many_words():
-    small = [TextQualityFilter(dataclasses.replace(CONFIG, max_words=30))]
-    assert reason(small, GOOD_TEXT) == "too_many_words"
-
-
-def test_mean_word_length_too_short():
-    text = (
-        "I am so in it as we go to be or no by my ox up at us if he do me an on.\nSo we go up to it as I do."
-    )
-    assert reason(QUALITY, text) == "mean_word_length_too_short"
-
-
-def test_mean_word_length_too_long():
-    text = " ".join(["internationalization characterization incomprehensibilities"] * 8) + "."
-    assert reason(QUALITY, text) == "mean_word_length_too_long"
-
-
-def test_symbol_ratio_too_high():
-    assert (
-        reason(QUALITY, GOOD_TEXT + "\n#news #river #town #bread #winter #skate #boats #mill")
-        == "symbol_ratio_too_high"
-    )
-
-
-def test_too_many_bullet_lines():
-    text = "\n".join(f"- item {i} of the long shopping list for the weekend market." for i in range(10))
-    assert reason(QUALITY, text) == "too_many_bullet_lines"
-
-
-def test_too_many_ellipsis_lines():
-    text = GOOD_TEXT.replace(".\n", "...\n")
-    assert reason(QUALITY, text) == "too_many_ellipsis_lines"
-
-
-def test_too_few_alphabetic_words():
-    numbers = " ".join(str(1000 + 7 * i) for i in range(30))
-    assert reason(QUALITY, f"The yearly totals were as follows: {numbers}.") == "too_few_alphabetic_words"
-
-
-def test_too_few_punctuated_lines():
-    text = GOOD_TEXT.replace(".\n", "\n").rstrip(".")
-    assert reason(QUALITY, text) == "too_few_punctuated_lines"
-
-
-def test_too_many_short_lines():
-    text = GOOD_TEXT + "\n" + "\n".join(f"Line {i} here." for i in range(10))
-    assert reason(QUALITY, text) == "too_many_short_lines"
-
-
-def test_lorem_ipsum():
-    assert (
-        reason(QUALITY, GOOD_TEXT + "\nLorem ipsum dolor sit amet, consectetur adipiscing elit.")
-        == "lorem_ipsum"
-    )
-
-
-# ---- repetition --------------------------------------------------------------------------------
-
-REPETITION = [RepetitionFilter(CONFIG)]
-LINES = GOOD_TEXT.split("\n")
-
-
-def test_duplicate_lines():
-    text = "\n".join([*LINES, "Subscribe.", "Subscribe.", "Subscribe.", "Subscribe."])
-    assert reason(REPETITION, text) == "duplicate_lines"
-
-
-def test_duplicate_line_chars():
-    text = "\n".join([*LINES, *LINES[:1] * 2, *"abcdefgh"])
-    assert reason(REPETITION, text) == "duplicate_line_chars"
-
-
-def test_duplicate_paragraphs():
-    text = "\n\n".join([GOOD_TEXT, "Read more.", "Read more.", "Read more."])
-    assert reason(REPETITION, text) == "duplicate_paragraphs"
-
-
-def test_duplicate_paragraph_chars():
-    paragraphs = [f"Note {i}." for i in range(10)]
-    text = "\n\n".join([GOOD_TEXT.replace("\n", " "), *paragraphs, GOOD_TEXT.replace("\n", " ")])
-    assert reason(REPETITION, text) == "duplicate_paragraph_chars"
-
-
-def test_top_ngram_repetition():
-    text = "buy now " * 12 + "the river runs past the old mill and the bakery in the town square."
-    assert reason(REPETITION, text) == "top_ngram_repetition"
-
-
-def test_duplicate_ngram_repetition():
-    phrase = (
-        "the committee will publish its final report on the water supply of the northern district next spring"
-    )
-    text = (
-        "Rainfall was low for the third year in a row, and the wells near the market ran dry by August. "
-        f"Farmers asked for help, and {phrase}. Until then, trucks carry water to the villages twice a week, "
-        f"while engineers survey old reservoirs. Officials repeated that {phrase}."
-    )
-    assert reason(REPETITION, text) == "duplicate_ngram_repetition"
+def test_families_are_chosen_per_source():
+    config = dataclasses.replace(CONFIG, families=("gopher_quality",))
+    assert [f.name for f in build_prefilters(config, "web", None)] == ["size", "gopher_quality", "perplexity"]
+    with pytest.raises(ValueError, match="unknown \\['gopher'\\]"):
+        dataclasses.replace(CONFIG, families=("gopher",))
 
 
 # ---- code --------------------------------------------------------------------------------------
@@ -274,6 +211,39 @@ def test_code_too_few_alphanumeric():
 
 def test_code_autogenerated():
     assert reason(CODE, "# Code generated by protoc. DO NOT EDIT.\n" + GOOD_CODE) == "code_autogenerated"
+    assert reason(CODE, "// <auto-generated>\n" + GOOD_CODE) == "code_autogenerated"
+
+
+def code_reason(text: str, path: str | None) -> str | None:
+    metadata = None if path is None else json.dumps({"path": path})
+    out, _ = run_filters(pa.table({"text": [text], "metadata": [metadata]}), CODE)
+    return out["reason"][0].as_py()
+
+
+README = (
+    "# fastwidget\n\n"
+    + "A small library for drawing widgets quickly, with a renderer written for speed and an API that "
+    "stays out of the way; this paragraph is one long line as Markdown allows, and it explains what the "
+    "library does, how to install it with pip, and where to report problems when something breaks.\n\n"
+    "The answers were generated by reasoning models and checked by hand.\n"
+)
+
+
+def test_documentation_files_in_a_code_source_get_prose_rules():
+    """Defect from issue 10: prose READMEs were dropped for mean line length, and "generated by" in prose."""
+    assert code_reason(README, "docs/README.md") is None
+    assert code_reason(README, "README") is None
+    assert code_reason(README, "guide.rst") is None
+    assert code_reason(README, "widget.py") == "code_too_few_lines"
+    paragraphs = "\n".join(README.split("\n")[2:3] * 6)
+    assert code_reason(paragraphs, "docs/usage.md") is None
+    assert code_reason(paragraphs, "widget.py") == "code_mean_line_too_long"
+    assert code_reason(paragraphs, None) == "code_mean_line_too_long"
+
+
+def test_autogenerated_marker_must_be_a_comment():
+    prose_header = "The answers were generated by reasoning models.\n" + GOOD_CODE
+    assert code_reason(prose_header, "answers.py") is None
 
 
 # ---- toxicity ----------------------------------------------------------------------------------
@@ -282,7 +252,7 @@ def test_code_autogenerated():
 def test_toxic_line_is_flagged(toxicity_text):
     row = first_row(toxicity_text, GOOD_TEXT + "\nYou are a stupid worthless idiot.")
     assert row["reason"] == "toxic_lines"
-    assert row["toxic_lines"] == 1 and row["toxicity_max"] > 0.99
+    assert row["toxic_lines"] == 1 and row["toxicity_max"] > 0.99 and row["toxic_line_share"] > 0
 
 
 @pytest.mark.parametrize("text", [GOOD_TEXT, GOOD_CODE, GOOD_DOCS])
@@ -299,17 +269,52 @@ def test_code_needs_two_toxic_lines():
     assert reason(filters, one + "# shut up you moron, this is crap\n") == "toxic_lines"
 
 
-def test_blocklisted_word(toxicity_text):
-    assert reason(toxicity_text, GOOD_TEXT + "\nWhat the FUCK.") == "blocklisted_word"
+def word_list(filters: list[DocumentFilter]) -> list[DocumentFilter]:
+    return [f for f in filters if f.name == "blocklist"]
+
+
+def test_blocklist_is_a_second_signal(toxicity_text):
+    """Defect from issue 10: one quoted slur dropped an encyclopedia article through the word list alone."""
+    one = first_row(
+        word_list(toxicity_text), GOOD_TEXT + '\nThe word "fuck" is recorded in English since 1500.'
+    )
+    assert one["keep"] and one["blocklisted_words"] == 1
+    assert reason(word_list(toxicity_text), GOOD_TEXT + "\nFuck this, what the FUCK.") == "blocklisted_words"
+    assert [f.name for f in toxicity_text] == ["toxicity_classifier", "blocklist"]
 
 
 def test_blocklist_matches_whole_words_only(toxicity_text):
-    assert reason(toxicity_text, GOOD_TEXT + "\nWe drove through Scunthorpe on the way north.") is None
+    assert reason(word_list(toxicity_text), "We drove through Scunthorpe on the way north.") is None
 
 
 def test_extra_blocklist_words():
-    filters = build_toxicity_filters(ToxicityConfig(extra_blocklist=("bakery",)), "web")
-    assert reason(filters, "The bakery opened at six.") == "blocklisted_word"
+    filters = build_toxicity_filters(ToxicityConfig(extra_blocklist=("bakery",), blocklist_min_hits=1), "web")
+    assert reason(filters, "The bakery opened at six.") == "blocklisted_words"
+
+
+def test_toxicity_cut_comes_from_config(toxicity_text):
+    """Defect from issue 10: only lines over 0.99 counted, missing a third of the toxic tweets."""
+    insult = GOOD_TEXT + "\nYou are such a loser, nobody wants you here."
+    probability = first_row(toxicity_text, insult)["toxicity_max"]
+    assert 0.5 < probability < 0.99
+    assert reason(toxicity_text, insult) == "toxic_lines"
+    strict = build_toxicity_filters(ToxicityConfig(line_probability=0.99), "web")
+    assert reason(strict, insult) is None
+
+
+def test_short_documents_are_scored_whole(toxicity_text):
+    tweet = "you moron\nshut up\npathetic loser"
+    row = first_row(toxicity_text, tweet)
+    assert row["reason"] == "toxic_lines"
+    # Read line by line, no line has the three words the classifier needs.
+    by_line = build_toxicity_filters(ToxicityConfig(whole_document_words=0), "web")
+    assert first_row(by_line, tweet)["keep"]
+
+
+def test_share_of_toxic_lines_from_config():
+    text = GOOD_TEXT + "\nYou are a stupid worthless idiot."
+    lenient = build_toxicity_filters(ToxicityConfig(max_toxic_line_share=0.5), "web")
+    assert reason(lenient, text) is None
 
 
 # ---- run_filters -------------------------------------------------------------------------------
@@ -326,21 +331,30 @@ def test_run_filters_keeps_every_row_and_reconciles(english_prefilters):
     out, stats = run_filters(table, english_prefilters)
     assert out.num_rows == table.num_rows
     assert out["id"].to_pylist() == ["a", "b", "c", "d"] and "shard" in out.column_names
-    assert out["reason"].to_pylist() == [None, "language_not_allowed", "too_few_words", "duplicate_lines"]
+    assert out["reason"].to_pylist() == [
+        None,
+        "language_not_allowed",
+        "gopher_too_few_words",
+        "gopher_duplicate_lines",
+    ]
     # Rows dropped earlier are not scored later: their later score columns are null.
-    assert out["word_count"].to_pylist()[1] is None and out["word_count"].to_pylist()[2] == 10
+    assert out["gopher_word_count"].to_pylist() == [88, None, 10, None]
+    # Chunks of one row decide and score exactly as one chunk of all rows.
+    one_by_one, _ = run_filters(table, english_prefilters, chunk_rows=1)
+    assert one_by_one.equals(out)
 
     summary = stats.as_dict()
     assert summary["documents"] == 4 and summary["kept"] == 1 and summary["dropped"] == 3
     for counts in summary["filters"].values():
         assert counts["seen"] == counts["kept"] + sum(counts["dropped"].values())
     assert summary["filters"]["language"]["dropped"] == {"language_not_allowed": 1}
-    assert summary["filters"]["repetition"]["seen"] == 2
+    assert summary["filters"]["gopher_repetition"]["seen"] == 3
+    assert summary["filters"]["gopher_quality"]["seen"] == 2
 
 
-def test_run_filters_rerun_replaces_columns():
-    once, _ = run_filters(pa.table({"text": [GOOD_TEXT]}), QUALITY)
-    twice, _ = run_filters(once, QUALITY)
+def test_run_filters_rerun_replaces_columns(english_prefilters):
+    once, _ = run_filters(pa.table({"text": [GOOD_TEXT]}), english_prefilters)
+    twice, _ = run_filters(once, english_prefilters)
     assert twice.column_names == once.column_names
 
 
@@ -359,4 +373,26 @@ def test_run_filters_rejects_unknown_reason_codes():
 
 def test_run_filters_needs_a_text_column():
     with pytest.raises(ValueError, match="needs a 'text' column"):
-        run_filters(pa.table({"body": ["x"]}), QUALITY)
+        run_filters(pa.table({"body": ["x"]}), [CodeFilter(CONFIG)])
+
+
+def test_every_filter_pickles_for_a_worker(english_prefilters, toxicity_text):
+    """A Ray actor builds its filters from a pickled copy: models load lazily, not into the pickle."""
+    import pickle
+
+    run_filters(pa.table({"text": [GOOD_TEXT]}), [*english_prefilters, *toxicity_text])
+    for doc_filter in [*english_prefilters, *toxicity_text, CodeFilter(CONFIG)]:
+        copy = pickle.loads(pickle.dumps(doc_filter))
+        assert type(copy) is type(doc_filter) and copy.reasons == doc_filter.reasons
+    language = english_prefilters[1]
+    assert language._detector is not None  # loaded by the run above, left out of the pickle
+    assert pickle.loads(pickle.dumps(language))._detector is None
+
+
+def test_documents_in_other_languages_get_the_stricter_cut(toxicity_text):
+    """The classifier read English only: at 0.5 it flagged clean translated messages in the demo."""
+    text = GOOD_TEXT + "\nYou are such a loser, nobody wants you here."
+    english, _ = run_filters(pa.table({"text": [text], "language": ["en"]}), toxicity_text)
+    german, _ = run_filters(pa.table({"text": [text], "language": ["de"]}), toxicity_text)
+    assert english["reason"][0].as_py() == "toxic_lines"
+    assert german["keep"][0].as_py()

@@ -8,7 +8,7 @@ from moe_dag.assets.partitions import PER_SOURCE
 from moe_dag.assets.reporting import decision_result, kept_upstream, reconcile_check_spec, run_source_stage
 from moe_dag.data.engine import StageSpec
 from moe_dag.data.engine.stages import FilterWork
-from moe_dag.data.filters import build_prefilters
+from moe_dag.data.filters import build_prefilters, fit_to_source
 from moe_dag.resources import PipelineResource, RayResource
 
 
@@ -24,11 +24,19 @@ def prefiltered(
 ) -> dg.MaterializeResult:
     source = pipeline.config.source(context.partition_key)
     config = pipeline.config.prefilter_for(source)
-    make_filters = functools.partial(build_prefilters, config, source.kind, source.languages)
+    # Cuts on the source's own distribution (perplexity percentiles) are fitted once, here, so that every
+    # shard is decided against the same cuts on any number of workers.
+    filters = fit_to_source(
+        build_prefilters(config, source.kind, source.languages),
+        pipeline.lake.iter_batches("raw_documents", source.name),
+        config.perplexity_sample_documents,
+    )
+    cuts = {f.name: f.cuts for f in filters if f.whole_table}
+    context.log.info(f"fitted on the source: {cuts}")
     spec = StageSpec(
         outputs=("prefiltered",),
-        make_work=functools.partial(FilterWork, "prefiltered", make_filters),
-        params=repr((config, source.kind, source.languages)),
+        make_work=functools.partial(FilterWork, "prefiltered", functools.partial(list, filters)),
+        params=repr((config, source.kind, source.languages, cuts)),
         actor_pool=source.languages is not None,  # the language ID model loads once per actor
     )
     run = run_source_stage(context, pipeline, ray, spec, "raw_documents")

@@ -1,6 +1,6 @@
 """Document filters: each adds score columns and a keep/reason decision, never deleting a row."""
 
-from moe_dag.data.filters.base import DocumentFilter, FilterCounts, FilterStats, run_filters
+from moe_dag.data.filters.base import DocumentFilter, FilterCounts, FilterStats, fit_to_source, run_filters
 from moe_dag.data.filters.prefilter import PrefilterConfig, build_prefilters
 from moe_dag.data.filters.toxicity import ToxicityConfig, build_toxicity_filters
 
@@ -12,5 +12,6 @@ __all__ = [
     "ToxicityConfig",
     "build_prefilters",
     "build_toxicity_filters",
+    "fit_to_source",
     "run_filters",
 ]

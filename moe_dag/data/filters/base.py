@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -31,14 +31,55 @@ class DocumentFilter(ABC):
     name: str
     # Every code `decide` can return, so a run can reject typos and a dashboard can list them up front.
     reasons: tuple[str, ...]
+    # Columns besides `text` that `score` reads: table columns (`metadata`, `shard`) or an earlier filter's
+    # score columns (`language`). Each arrives as a keyword argument, a list aligned with `texts`, all None
+    # where the table has no such column.
+    inputs: tuple[str, ...] = ()
+    # True for a filter that cuts on the distribution of its source (percentiles of the source's scores).
+    # `fit_to_source` fits it once per source before the source fans out over workers, so every shard is
+    # decided against the same cuts; an unfitted one fits on the table `run_filters` gives it, after the
+    # filters before it finished every chunk (a whole source in a plain loop).
+    whole_table: bool = False
 
-    def score(self, texts: list[str]) -> dict[str, np.ndarray]:
+    def score(self, texts: list[str], **inputs: list[Any]) -> dict[str, np.ndarray]:
         """Named score columns for `texts`, one value per text. Filters that only read text return {}."""
         return {}
 
     @abstractmethod
     def decide(self, text: str, scores: dict[str, Any]) -> str | None:
         """None to keep the document, else the reason code that drops it; `scores` is this row's scores."""
+
+    def fit(self, texts: list[str]) -> DocumentFilter:
+        """A whole-table filter's cuts from the texts of its source that reach it; returns self."""
+        raise TypeError(f"filter {self.name!r} cuts on fixed thresholds: it has nothing to fit")
+
+
+def fit_to_source(
+    filters: Sequence[DocumentFilter], batches: Iterable[pa.Table], max_documents: int
+) -> list[DocumentFilter]:
+    """Fit every whole-table filter on up to `max_documents` of the source (the first, in shard order),
+    passed through the filters before it. Returns `filters`, the whole-table ones fitted."""
+    sample = []
+    rows = 0
+    for batch in batches:
+        sample.append(batch.slice(0, max_documents - rows))
+        rows += sample[-1].num_rows
+        if rows >= max_documents:
+            break
+    table = pa.concat_tables(sample, promote_options="default") if sample else None
+    for position, doc_filter in enumerate(filters):
+        if not doc_filter.whole_table:
+            continue
+        texts = []
+        if table is not None and table.num_rows:
+            decided, _ = run_filters(table, filters[:position])
+            texts = decided.filter(decided["keep"])["text"].to_pylist()
+        doc_filter.fit(texts)
+    return list(filters)
+
+
+# Score columns gathered chunk by chunk: (rows, values, the filter that wrote them) per chunk.
+_Scored = dict[str, list[tuple[np.ndarray, np.ndarray, "DocumentFilter"]]]
 
 
 @dataclass
@@ -68,7 +109,9 @@ class FilterStats:
         }
 
 
-def run_filters(table: pa.Table, filters: Sequence[DocumentFilter]) -> tuple[pa.Table, FilterStats]:
+def run_filters(
+    table: pa.Table, filters: Sequence[DocumentFilter], *, chunk_rows: int = 1024
+) -> tuple[pa.Table, FilterStats]:
     """Run `filters` in order over the `text` column; return all rows with scores, `keep` and `reason`."""
     if "text" not in table.column_names:
         raise ValueError(f"run_filters needs a 'text' column; the table has {table.column_names}")
@@ -81,45 +124,79 @@ def run_filters(table: pa.Table, filters: Sequence[DocumentFilter]) -> tuple[pa.
     texts: list[str] = table["text"].to_pylist()
     keep = np.ones(len(texts), dtype=bool)
     reason: list[str | None] = [None] * len(texts)
-    columns: dict[str, pa.Array] = {}
-    stats = FilterStats(documents=len(texts), kept=0, filters={})
-    for doc_filter in filters:
-        start = time.perf_counter()
-        rows = np.flatnonzero(keep)
-        counts = _apply_filter(doc_filter, texts, rows, keep, reason, columns)
-        counts.seconds = time.perf_counter() - start
-        stats.filters[doc_filter.name] = counts
+    scored: _Scored = {}
+    stats = FilterStats(documents=len(texts), kept=0, filters={f.name: FilterCounts() for f in filters})
+    # Every filter runs over one chunk before the next chunk starts: per-document work such as word
+    # splitting is then cached across filters (see `text.split_words`) with memory bounded by the chunk.
+    for segment in _segments(filters):
+        size = len(texts) if segment[0].whole_table else chunk_rows
+        for chunk_start in range(0, len(texts), max(size, 1)):
+            chunk = np.arange(chunk_start, min(chunk_start + size, len(texts)))
+            for doc_filter in segment:
+                start = time.perf_counter()
+                rows = chunk[keep[chunk]]
+                inputs = {name: _input_column(table, scored, name, rows) for name in doc_filter.inputs}
+                counts = stats.filters[doc_filter.name]
+                _apply_filter(doc_filter, texts, rows, inputs, keep, reason, scored, counts)
+                counts.seconds += time.perf_counter() - start
     stats.kept = int(keep.sum())
 
     # A rerun over an already-scored table replaces its old score columns rather than duplicating them.
-    table = table.drop_columns([name for name in columns if name in table.column_names])
-    for name, values in columns.items():
-        table = table.append_column(name, values)
+    table = table.drop_columns([name for name in scored if name in table.column_names])
+    for name, parts in scored.items():
+        table = table.append_column(name, _scatter(parts, len(texts)))
     return with_decisions(table, keep.tolist(), reason), stats
+
+
+def _segments(filters: Sequence[DocumentFilter]) -> list[list[DocumentFilter]]:
+    """Runs of filters that go chunk by chunk, each whole-table filter a run of its own."""
+    segments: list[list[DocumentFilter]] = []
+    for doc_filter in filters:
+        if doc_filter.whole_table or not segments or segments[-1][0].whole_table:
+            segments.append([doc_filter])
+        else:
+            segments[-1].append(doc_filter)
+    return segments
+
+
+def _input_column(table: pa.Table, scored: _Scored, name: str, rows: np.ndarray) -> list[Any]:
+    """Column `name` (an earlier filter's scores first, then the table's) at `rows`; None where absent."""
+    if name in scored:
+        wanted, values = set(rows.tolist()), {}
+        for part_rows, part_values, _ in reversed(scored[name]):  # the latest part usually holds them all
+            values.update(zip(part_rows.tolist(), part_values.tolist(), strict=True))
+            if wanted <= values.keys():
+                break
+        return [values.get(i) for i in rows.tolist()]
+    if name in table.column_names:
+        return table[name].take(pa.array(rows, pa.int64())).to_pylist()
+    return [None] * len(rows)
 
 
 def _apply_filter(
     doc_filter: DocumentFilter,
     texts: list[str],
     rows: np.ndarray,
+    inputs: dict[str, list[Any]],
     keep: np.ndarray,
     reason: list[str | None],
-    columns: dict[str, pa.Array],
-) -> FilterCounts:
-    """Score and decide the still-kept `rows`, updating `keep`, `reason` and `columns` in place."""
-    scores = doc_filter.score([texts[i] for i in rows])
+    scored: _Scored,
+    counts: FilterCounts,
+) -> None:
+    """Score and decide the still-kept `rows`, updating `keep`, `reason`, `scored` and `counts` in place."""
+    scores = doc_filter.score([texts[i] for i in rows], **inputs)
     for name, values in scores.items():
-        if name in columns or name in ("keep", "reason"):
+        if name in ("keep", "reason") or (name in scored and scored[name][0][2] is not doc_filter):
             raise ValueError(f"filter {doc_filter.name!r}: score column {name!r} is already taken")
         if len(values) != len(rows):
             raise ValueError(
                 f"filter {doc_filter.name!r}: score column {name!r} has {len(values)} values "
                 f"for {len(rows)} documents"
             )
-        columns[name] = _scatter(values, rows, len(texts))
+        scored.setdefault(name, []).append((rows, np.asarray(values), doc_filter))
 
     row_scores = {name: values.tolist() for name, values in scores.items()}
-    counts = FilterCounts(seen=len(rows))
+    counts.seen += len(rows)
     for j, i in enumerate(rows.tolist()):
         code = doc_filter.decide(texts[i], {name: values[j] for name, values in row_scores.items()})
         if code is None:
@@ -132,15 +209,17 @@ def _apply_filter(
         reason[i] = code
         counts.dropped[code] = counts.dropped.get(code, 0) + 1
     counts.kept = counts.seen - sum(counts.dropped.values())
-    return counts
 
 
-def _scatter(values: np.ndarray, rows: np.ndarray, length: int) -> pa.Array:
-    """A column of `length` rows holding `values` at `rows` and null everywhere else."""
-    values = np.asarray(values)
+def _scatter(parts: list[tuple[np.ndarray, np.ndarray, DocumentFilter]], length: int) -> pa.Array:
+    """A column of `length` rows holding each part's values at its rows and null everywhere else."""
+    rows = np.concatenate([part[0] for part in parts])
+    values = np.concatenate([part[1] for part in parts])
     is_text = values.dtype == object or values.dtype.kind == "U"
     full = np.full(length, None, dtype=object) if is_text else np.zeros(length, dtype=values.dtype)
     full[rows] = values
     mask = np.ones(length, dtype=bool)
     mask[rows] = False
+    if full.dtype.kind == "f":
+        mask |= np.isnan(full)  # a score a filter could not compute (too short to identify, ...) is null
     return pa.array(full, mask=mask, type=pa.string() if is_text else None)

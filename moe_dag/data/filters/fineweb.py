@@ -1,0 +1,91 @@
+"""FineWeb's own quality rules, deciding as datatrove's `FineWebQualityFilter` does.
+
+FineWeb (Penedo et al. 2024, arXiv:2406.17557, section 3.3) drops a document when, over its non-blank
+lines (not stripped), fewer than 12% end in terminal punctuation (Unicode's Sentence_Terminal set),
+more than 67% are at most 30 characters, the lines that repeat an earlier line hold more than 1% of
+its characters (newlines not counted), or it has more than 0.3 newlines per word (NLTK tokens).
+
+Departure (`line_rules_min_lines`, reference 1): the punctuation and short-line fractions are not
+applied to documents of fewer lines: a one-line answer without a final full stop would score 0 and drop.
+`fineweb_min_punctuated_line_fraction: 0.0` turns the punctuation rule off for a source (UI strings,
+code comments) where lines rarely end in punctuation.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from moe_dag.data.filters.base import DocumentFilter
+from moe_dag.data.filters.gopher_repetition import _duplicates
+from moe_dag.data.filters.text import TERMINAL_PUNCTUATION, split_words
+
+if TYPE_CHECKING:
+    from moe_dag.data.filters.prefilter import PrefilterConfig
+
+_COLUMNS = {
+    "fineweb_line_count": np.int64,
+    "fineweb_punctuated_line_fraction": np.float64,
+    "fineweb_short_line_fraction": np.float64,
+    "fineweb_duplicate_line_char_fraction": np.float64,
+    "fineweb_newline_word_ratio": np.float64,
+}
+
+
+class FineWebQualityFilter(DocumentFilter):
+    """Drop documents of unpunctuated, short or repeated lines, and lists."""
+
+    name = "fineweb_quality"
+    reasons = (
+        "fineweb_empty_document",
+        "fineweb_too_few_punctuated_lines",
+        "fineweb_too_many_short_lines",
+        "fineweb_duplicate_line_chars",
+        "fineweb_too_many_newlines",
+    )
+
+    def __init__(self, config: PrefilterConfig) -> None:
+        self.config = config
+
+    def score(self, texts: list[str]) -> dict[str, np.ndarray]:
+        rows = [self._stats(text) for text in texts]
+        return {
+            name: np.array([row[k] for row in rows], dtype=dtype).reshape(len(texts))
+            for k, (name, dtype) in enumerate(_COLUMNS.items())
+        }
+
+    def decide(self, text: str, scores: dict[str, Any]) -> str | None:
+        c = self.config
+        n_lines = scores["fineweb_line_count"]
+        if n_lines == 0:
+            return "fineweb_empty_document"
+        line_rules = n_lines >= c.line_rules_min_lines
+        punctuated = scores["fineweb_punctuated_line_fraction"]
+        if (
+            line_rules
+            and punctuated < c.fineweb_min_punctuated_line_fraction
+            and not (punctuated == 0 and c.fineweb_punctuation_exclude_zero)
+        ):
+            return "fineweb_too_few_punctuated_lines"
+        if line_rules and scores["fineweb_short_line_fraction"] > c.fineweb_max_short_line_fraction:
+            return "fineweb_too_many_short_lines"
+        if scores["fineweb_duplicate_line_char_fraction"] > c.fineweb_max_duplicate_line_char_fraction:
+            return "fineweb_duplicate_line_chars"
+        if scores["fineweb_newline_word_ratio"] > c.fineweb_max_newline_word_ratio:
+            return "fineweb_too_many_newlines"
+        return None
+
+    def _stats(self, text: str) -> tuple[float, ...]:
+        lines = [line for line in text.split("\n") if line.strip()]
+        if not lines:
+            return (0, 0.0, 0.0, 0.0, 0.0)
+        n_lines = len(lines)
+        short = self.config.fineweb_short_line_chars
+        return (
+            n_lines,
+            sum(1 for line in lines if line.endswith(TERMINAL_PUNCTUATION)) / n_lines,
+            sum(1 for line in lines if len(line) <= short) / n_lines,
+            _duplicates(lines)[1] / max(len(text) - text.count("\n"), 1),
+            text.count("\n") / max(len(split_words(text)), 1),
+        )

@@ -1,0 +1,79 @@
+"""Language ID accuracy per language on real translated text (gettext catalogues on the machine)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from moe_dag.data.filters import PrefilterConfig, run_filters
+from moe_dag.data.filters.language import LanguageFilter
+from moe_dag.data.filters.reference import labelled_language_samples
+
+# Languages lid.176 knows and labels correctly at least 90% of the time on the gettext set.
+WELL_KNOWN = [
+    "ar",
+    "bg",
+    "ca",
+    "cs",
+    "de",
+    "el",
+    "es",
+    "fi",
+    "fr",
+    "hu",
+    "it",
+    "ja",
+    "ko",
+    "nl",
+    "pl",
+    "pt",
+    "ru",
+]
+WELL_KNOWN += ["sv", "tr", "uk", "vi", "zh"]
+
+
+@pytest.fixture(scope="module")
+def identified() -> dict[str, tuple[list[str], np.ndarray]]:
+    samples = labelled_language_samples()
+    language = LanguageFilter(languages=[], min_score=0.65)
+    return {label: (texts, language.score(texts)) for label, texts in samples.items()}
+
+
+def test_accuracy_per_language_on_at_least_20_languages(identified):
+    accuracy = {
+        label: float(np.mean([found == label for found in scores["language"]]))
+        for label, (_, scores) in identified.items()
+    }
+    assert len(accuracy) >= 20, sorted(accuracy)
+    low = {label: accuracy[label] for label in WELL_KNOWN if label in accuracy and accuracy[label] < 0.9}
+    assert not low, low
+    assert sum(value >= 0.9 for value in accuracy.values()) >= 20
+
+
+def test_languages_the_model_does_not_know_are_unidentified(identified):
+    if "xh" not in identified:
+        pytest.skip("no Xhosa catalogue on this machine")
+    texts, _ = identified["xh"]
+    config = PrefilterConfig()
+    language = LanguageFilter(
+        languages=[], min_score=config.min_language_score, unknown_below=config.language_unknown_below
+    )
+    out, _ = run_filters(pa.table({"text": texts}), [language])
+    reasons = out["reason"].to_pylist()
+    assert reasons.count("language_unidentified") >= len(texts) * 0.8, reasons
+
+
+def test_croatian_keeps_under_its_own_cut(identified):
+    if "hr" not in identified:
+        pytest.skip("no Croatian catalogue on this machine")
+    texts, scores = identified["hr"]
+    croatian = [t for t, found in zip(texts, scores["language"], strict=True) if found == "hr"]
+    config = PrefilterConfig()
+    default_cut = LanguageFilter(languages=["hr"], min_score=config.min_language_score)
+    own_cut = LanguageFilter(
+        languages=["hr"], min_score=config.min_language_score, min_scores=config.language_min_scores
+    )
+    kept_default = sum(run_filters(pa.table({"text": croatian}), [default_cut])[0]["keep"].to_pylist())
+    kept_own = sum(run_filters(pa.table({"text": croatian}), [own_cut])[0]["keep"].to_pylist())
+    assert kept_own > kept_default
