@@ -116,7 +116,9 @@ def split_reusable(
             ),
         )
     )
-    unchanged = current.select(["id", "text"]).join(documents.select(["id", "text"]), ["id", "text"])
+    unchanged = current.select(["id", "text"]).join(
+        documents.select(["id", "text"]), ["id", "text"], join_type="inner"
+    )
     reusable = current.filter(pc.is_in(current["id"], value_set=unchanged["id"].combine_chunks()))
     todo = documents.filter(pc.invert(pc.is_in(documents["id"], value_set=reusable["id"].combine_chunks())))
     probe = reusable["probe_score"].to_numpy().astype(np.float64)
