@@ -43,7 +43,8 @@ def quality_heads(context: dg.AssetExecutionContext, pipeline: PipelineResource)
     )
     heldout, keep_rates = trained.heldout, {s.name: s.keep_rate for s in config.sources}
     unseen = pa.concat_tables(
-        [labelled.select(["id", "text", "source"]).take(heldout.index), lake.read_table("calibration_sample")]
+        [labelled.select(["id", "text", "source"]).take(heldout.index), lake.read_table("calibration_sample")],
+        promote_options="permissive",
     )
     rubrics = {name: rubric_for_kind(kind).name for name, kind in config.source_kinds.items()}
     thresholds = calibrate_sources(
