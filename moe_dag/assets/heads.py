@@ -42,9 +42,9 @@ def quality_heads(context: dg.AssetExecutionContext, pipeline: PipelineResource)
         config.heads,
     )
     heldout, keep_rates = trained.heldout, {s.name: s.keep_rate for s in config.sources}
+    heldout_documents = labelled.select(["id", "text", "source"]).take(heldout.index)
     unseen = pa.concat_tables(
-        [labelled.select(["id", "text", "source"]).take(heldout.index), lake.read_table("calibration_sample")],
-        promote_options="permissive",
+        [heldout_documents, lake.read_table("calibration_sample")], promote_options="permissive"
     )
     rubrics = {name: rubric_for_kind(kind).name for name, kind in config.source_kinds.items()}
     thresholds = calibrate_sources(
