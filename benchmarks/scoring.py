@@ -119,11 +119,12 @@ def main(config_path: str, per_source: int, repeats: int) -> dict[str, object]:
     for _ in range(repeats):
         for side, chosen in sides.items():
             scored[side] = timed(
-                lambda chosen=chosen: pa.concat_tables(
+                lambda chosen=chosen: pa.concat_tables(  # code and text rows carry different dimensions
                     [
                         score_documents(by_source[s], backbone, trained.heads, chosen[s], batch)
                         for s in by_source
-                    ]
+                    ],
+                    promote_options="permissive",
                 ),
                 wall[side],
                 cpu[side],
