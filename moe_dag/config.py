@@ -28,7 +28,7 @@ from moe_dag.data.engine import RayConfig
 from moe_dag.data.filters import PrefilterConfig, ToxicityConfig
 from moe_dag.data.heads import BackboneConfig, CalibrationConfig, HeadTrainConfig
 from moe_dag.data.mixture import MixtureConfig
-from moe_dag.data.oracle import OpenAICompatibleConfig, VLLMEngineConfig
+from moe_dag.data.oracle import LabellingConfig, OpenAICompatibleConfig, VLLMEngineConfig
 from moe_dag.data.schema import SOURCE_KINDS, SourceKind
 from moe_dag.data.tokenizer import TokenizerConfig
 from moe_dag.training.config import apply_overrides, preset
@@ -71,12 +71,16 @@ class OracleConfig:
     backend: Literal["rules", "openai", "vllm"] = "rules"
     per_source: int = 200  # documents labelled per source
     seed: int = 0
+    labelling: LabellingConfig = field(default_factory=LabellingConfig)  # cache commits, give-up rule
+    max_failure_rate: float = 0.02  # share of the sample left unlabelled before oracle_labels fails
     openai: OpenAICompatibleConfig = field(default_factory=OpenAICompatibleConfig)  # backend "openai"
     vllm: VLLMEngineConfig = field(default_factory=VLLMEngineConfig)  # backend "vllm"
 
     def __post_init__(self) -> None:
         if self.backend not in ("rules", "openai", "vllm"):
             raise ValueError(f"oracle.backend must be rules, openai or vllm, got {self.backend!r}")
+        if not 0.0 <= self.max_failure_rate <= 1.0:
+            raise ValueError(f"oracle.max_failure_rate must be in [0, 1], got {self.max_failure_rate}")
 
 
 @dataclass(kw_only=True)
@@ -118,6 +122,10 @@ class PipelineConfig:
     @property
     def source_names(self) -> list[str]:
         return [source.name for source in self.sources]
+
+    @property
+    def source_kinds(self) -> dict[str, str]:
+        return {source.name: source.kind for source in self.sources}
 
     def source(self, name: str) -> SourceConfig:
         for source in self.sources:

@@ -127,6 +127,8 @@ def _heads(folder: Path, catalog: Catalog) -> list[str]:
         f"oracle-to-head agreement on {m['n_heldout']:.0f} held-out labels (heads {meta['version']}):",
         agreement("probe"),
         agreement("judge"),
+        f"  keep-decision F1 vs the oracle at each source's keep rate: judge {m['judge_f1']:.3f}, "
+        f"probe {m['probe_f1']:.3f}",
         f"  early exit at the probe: {exits} of {scored} scored documents",
     ]
 

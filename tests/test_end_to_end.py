@@ -11,6 +11,7 @@ import yaml
 from moe_dag import cli
 from moe_dag.config import DEFAULT_CONFIG, load_config
 from moe_dag.data.demo_corpus import build_demo_corpus
+from moe_dag.definitions import build_definitions
 from moe_dag.pipeline import materialize_all
 from moe_dag.summary import NOISE_SQL, format_summary
 
@@ -39,7 +40,8 @@ def test_whole_graph_materialises_and_every_row_is_accounted_for(tmp_path, capsy
     config = load_config(config_path)
     manifest = build_demo_corpus(tmp_path / "corpus", config.demo_corpus)
 
-    materialize_all(str(config_path), instance=dg.DagsterInstance.ephemeral(), log=lambda _: None)
+    instance = dg.DagsterInstance.ephemeral()
+    materialize_all(str(config_path), instance=instance, log=lambda _: None)
 
     con_rows = dict(
         ((stage, source), (rows_in, kept))
@@ -66,6 +68,18 @@ def test_whole_graph_materialises_and_every_row_is_accounted_for(tmp_path, capsy
 
     mixture = json.loads((Path(config.lake_root) / "tokenized_mixture" / "mixture.json").read_text())
     assert mixture["num_sequences"] > 0
+
+    # Scoring again with the same heads and thresholds redoes no shard.
+    definitions = build_definitions(config_path)
+    again = dg.materialize(
+        list(definitions.assets),
+        selection=["scored_documents"],
+        partition_key="prose",
+        instance=instance,
+        resources=definitions.resources,
+    )
+    metadata = again.asset_materializations_for_node("scored_documents")[0].metadata
+    assert metadata["shards_run"].value == 0 and metadata["rows_in"].value > 0
 
     summary = format_summary(config)
     assert "bits per byte" in summary and "duplicates removed" in summary

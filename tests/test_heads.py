@@ -10,14 +10,18 @@ from transformers import GptOssConfig, GptOssModel, LlamaConfig, LlamaModel
 from moe_dag.data.heads import (
     Backbone,
     BackboneConfig,
+    CalibrationConfig,
     HeadTrainConfig,
     JudgeHead,
     JudgeHeadConfig,
     ProbeHead,
     QualityHeads,
     Thresholds,
-    calibrate_thresholds,
+    calibrate_source,
+    calibration_sample_size,
     heads_version,
+    heldout_keep_f1,
+    keep_f1,
     load_backbone,
     load_heads,
     save_heads,
@@ -108,92 +112,187 @@ def test_backbone_rejects_bad_layers(minilm):
         Backbone(minilm.model, minilm.tokenizer, BackboneConfig(probe_layer=3, judge_layer=7))
 
 
-def test_heads_ignore_padding_and_stay_in_unit_range():
+OUTPUTS = {"general": 5, "code": 4}
+
+
+def test_heads_output_every_dimension_and_ignore_padding():
     torch.manual_seed(0)
-    probe, judge = ProbeHead(16), JudgeHead(16, JudgeHeadConfig(d_model=16, n_heads=2)).eval()
+    probe, judge = (
+        ProbeHead(16, OUTPUTS),
+        JudgeHead(16, JudgeHeadConfig(d_model=16, n_heads=2), OUTPUTS).eval(),
+    )
     hidden = torch.randn(3, 5, 16) * 10
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]])
     for head in (probe, judge):
-        scores = head(hidden, mask)
-        assert scores.shape == (3,) and bool(((scores > 0) & (scores < 1)).all())
-        garbage = hidden.clone()
-        garbage[mask == 0] = 1e3  # whatever sits under padding must not matter
-        torch.testing.assert_close(head(garbage, mask), scores)
-        torch.testing.assert_close(head(hidden[:1, :3], mask[:1, :3]), scores[:1])
+        for rubric, width in OUTPUTS.items():
+            scores = head(hidden, mask, rubric)
+            assert scores.shape == (3, width) and bool(((scores > 0) & (scores < 1)).all())
+            garbage = hidden.clone()
+            garbage[mask == 0] = 1e3  # whatever sits under padding must not matter
+            torch.testing.assert_close(head(garbage, mask, rubric), scores)
+            torch.testing.assert_close(head(hidden[:1, :3], mask[:1, :3], rubric), scores[:1])
+    heads = QualityHeads(probe, judge, dimension_weights={"verbosity": 0.0})
+    assert heads.outputs == OUTPUTS
+    np.testing.assert_allclose(heads.aggregate("general", np.array([[1.0, 1.0, 1.0, 1.0, 0.0]])), [1.0])
 
 
-def _labelled_corpus() -> tuple[list[str], list[float], list[str]]:
-    """Clean sentences labelled high, symbol soup labelled low: a signal any working head must find."""
+CLEAN = {"helpfulness": 4, "correctness": 4, "coherence": 3, "complexity": 2, "verbosity": 2}
+JUNK = {"helpfulness": 0, "correctness": 1, "coherence": 0, "complexity": 0, "verbosity": 4}
+GOOD_CODE = {"readability": 9, "modularity": 8, "clarity": 9, "reusability": 8}
+FLAT_CODE = {"readability": 3, "modularity": 1, "clarity": 2, "reusability": 1}
+
+
+def _labelled_corpus() -> tuple[list[str], list[str], list[dict], list[str]]:
+    """Clean sentences and good code scored high on every dimension, junk low: a signal any head must find."""
     words = ["river", "stone", "light", "garden", "market", "science", "music", "window", "history", "winter"]
-    texts, qualities, sources = [], [], []
+    texts, rubrics, scores, sources = [], [], [], []
     for i in range(40):
-        source = "web" if i % 2 else "books"
         if i % 4 < 2:
             texts.append(
                 f"The {words[i % 10]} near the {words[(i * 3) % 10]} was described in an old report."
             )
-            qualities.append(0.9)
+            scores.append(CLEAN)
         else:
             texts.append(" ".join("#$%&*@!?"[(i + k) % 8] * 3 for k in range(8)))
-            qualities.append(0.1)
-        sources.append(source)
-    return texts, qualities, sources
+            scores.append(JUNK)
+        rubrics.append("general")
+        sources.append("web" if i % 2 else "books")
+    for i in range(20):
+        name = words[i % 10]
+        if i % 2:
+            docstring = f'    """Sum of the {name} values."""'
+            texts.append(f"def {name}_total(values: list[int]) -> int:\n{docstring}\n    return sum(values)")
+            scores.append(GOOD_CODE)
+        else:
+            texts.append(f"x{i}=1\ny=x{i}+2\nprint(y)\nq=[i*i for i in range(9)]")
+            scores.append(FLAT_CODE)
+        rubrics.append("code")
+        sources.append("code")
+    return texts, rubrics, scores, sources
 
 
-def test_train_heads_learns_the_signal_deterministically(minilm, one_thread):
-    texts, qualities, sources = _labelled_corpus()
+def test_train_heads_learns_every_dimension_and_reports_it(minilm, one_thread):
+    texts, rubrics, scores, sources = _labelled_corpus()
     config = HeadTrainConfig(epochs=8, batch_size=8, seed=3, judge=JudgeHeadConfig(d_model=16, n_heads=2))
-    first = train_heads(minilm, texts, qualities, sources, config)
+    first = train_heads(minilm, texts, rubrics, scores, sources, config)
     held = first.heldout
-    assert len(held.index) == 8 and sorted(set(held.sources)) == ["books", "web"]
-    assert first.metrics["n_train"] == 32
-    assert first.metrics["probe_mae"] < 0.2 and first.metrics["judge_mae"] < 0.3
-    assert first.metrics["probe_spearman"] > 0.5 and first.metrics["judge_spearman"] > 0.5
-    second = train_heads(minilm, texts, qualities, sources, config)
+    assert len(held.index) == 12 and sorted(set(held.sources)) == ["books", "code", "web"]
+    assert first.heads.outputs == {"code": 4, "general": 5}
+    metrics = first.metrics
+    assert metrics["n_train"] == 48 and metrics["probe_mae"] < 0.2 and metrics["judge_mae"] < 0.3
+    for dim in ("helpfulness", "correctness", "coherence", "complexity", "verbosity"):
+        for head in ("probe", "judge"):
+            assert metrics[f"{head}_spearman_{dim}"] > 0.5, (head, dim)
+    assert {f"judge_spearman_{dim}" for dim in GOOD_CODE} <= set(metrics)
+    general = held.dimensions["general"]
+    assert general.judge.shape == (len(general.rows), 5) and general.oracle.shape == general.judge.shape
+    f1 = heldout_keep_f1(held, {"web": 0.5, "books": 0.5, "code": 0.5})
+    assert f1["judge_f1"] >= 0.8 and f1["probe_f1"] >= 0.8 and "judge_f1_code" in f1
+
+    second = train_heads(minilm, texts, rubrics, scores, sources, config)
     np.testing.assert_array_equal(second.heldout.index, held.index)
     np.testing.assert_allclose(second.heldout.judge, held.judge, rtol=1e-6)
     assert heads_version(second.heads, minilm.config) == heads_version(first.heads, minilm.config)
-    with pytest.raises(ValueError, match="one quality and source per text"):
-        train_heads(minilm, texts, qualities[:-1], sources, config)
+    with pytest.raises(ValueError, match="one rubric, score set and source per text"):
+        train_heads(minilm, texts, rubrics[:-1], scores, sources, config)
+    with pytest.raises(ValueError, match="'correctness' = 9 is outside"):
+        train_heads(minilm, texts, rubrics, [CLEAN | {"correctness": 9}] + scores[1:], sources, config)
 
 
-def test_thresholds_hit_keep_rates_and_exit_only_judge_drops():
+def test_dimension_weights_are_checked():
+    HeadTrainConfig(dimension_weights={"verbosity": 0.0, "clarity": 2.0})
+    with pytest.raises(ValueError, match="unknown dimension 'style'"):
+        HeadTrainConfig(dimension_weights={"style": 1.0})
+    with pytest.raises(ValueError, match="positive sum"):
+        HeadTrainConfig(dimension_weights=dict.fromkeys(GOOD_CODE, 0.0))
+
+
+def test_keep_f1_compares_at_the_same_keep_rate():
+    oracle = np.array([0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.0])
+    assert keep_f1(oracle, oracle, ["s"] * 10, {"s": 0.3}) == {"s": 1.0, "all": 1.0}
+    reversed_head = oracle[::-1]
+    assert keep_f1(reversed_head, oracle, ["s"] * 10, {"s": 0.3})["s"] == 0.0
+    # Oracle ties at the cut are all kept; the head keeps as many of its best.
+    tied = np.array([1.0, 0.5, 0.5, 0.5, 0.0])
+    assert keep_f1(np.array([0.9, 0.8, 0.3, 0.7, 0.2]), tied, ["s"] * 5, {"s": 0.4})["s"] == 1.0
+    assert keep_f1(np.array([0.9, 0.8, 0.1, 0.7, 0.2]), tied, ["s"] * 5, {"s": 0.4})["s"] == 0.75
+    two = keep_f1(
+        np.r_[oracle, reversed_head], np.r_[oracle, oracle], ["a"] * 10 + ["b"] * 10, {"a": 0.3, "b": 0.3}
+    )
+    assert two == {"a": 1.0, "b": 0.0, "all": 0.5}
+
+
+def test_calibration_sample_size_follows_the_configured_precision():
+    config = CalibrationConfig()
+    assert calibration_sample_size(0.7, config) == calibration_sample_size(0.3, config) == 897
+    assert calibration_sample_size(0.5, config) == 1068
+    assert calibration_sample_size(0.7, CalibrationConfig(keep_rate_tolerance=0.05)) == 323
+    with pytest.raises(ValueError, match="keep rate must be in"):
+        calibration_sample_size(1.5, config)
+
+
+def _population(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Known scores: judge ~ Beta(2, 2); the probe sees the judge through noise."""
+    judge = rng.beta(2.0, 2.0, size=n)
+    return np.clip(judge + rng.normal(scale=0.05, size=n), 0, 1), judge
+
+
+@pytest.mark.parametrize("keep_rate", [0.3, 0.5, 0.7])
+def test_calibration_lands_on_the_keep_rate_on_new_documents(keep_rate):
+    config = CalibrationConfig()
+    rng = np.random.default_rng(int(keep_rate * 100))
+    needed = calibration_sample_size(keep_rate, config)
+    fresh_probe, fresh_judge = _population(200_000, rng)
+    exit_rates = []
+    for _ in range(5):
+        probe, judge = _population(needed, rng)
+        t = calibrate_source(probe, judge, keep_rate, config, rubric="general")
+        assert t.n_calibration == t.n_needed == needed
+        assert abs(np.mean(judge >= t.tau_keep) - keep_rate) <= 1 / needed  # exact where it was calibrated
+        exited = fresh_probe < t.tau_drop
+        kept = ~exited & (fresh_judge >= t.tau_keep)
+        assert abs(kept.mean() - keep_rate) <= config.keep_rate_tolerance  # and within 3 points on new ones
+        assert exited.mean() <= 1 - keep_rate
+        if exited.any():  # at most 1% of exits are documents the judge would have kept
+            assert np.mean(fresh_judge[exited] >= t.tau_keep) <= config.max_exit_error
+            assert t.exit_error <= config.max_exit_error
+        exit_rates.append(exited.mean())
+    assert np.mean(exit_rates) > (0.1 if keep_rate < 0.7 else 0.0)
+
+
+def test_a_probe_unrelated_to_the_judge_gets_no_early_exit():
     rng = np.random.default_rng(0)
-    judge = rng.uniform(size=400)
-    probe = judge + rng.normal(scale=0.05, size=400)
-    sources = ["web"] * 300 + ["books"] * 90 + ["tiny"] * 10
-    found = calibrate_thresholds(probe, judge, sources, {"web": 0.4, "books": 0.7, "tiny": 0.5})
-    for source, rate in (("web", 0.4), ("books", 0.7)):
-        mine = np.asarray(sources) == source
-        t = found[source]
-        assert t.basis == "source" and t.n_heldout == mine.sum()
-        assert abs(np.mean(judge[mine] >= t.tau_keep) - rate) <= 1 / mine.sum()
-        exited = probe[mine] < t.tau_drop
-        assert 0 < exited.mean() <= 1 - rate
-        assert np.mean(judge[mine][exited] < t.tau_keep) >= 0.95
-        assert t.early_exit_rate == pytest.approx(exited.mean())
-    assert found["tiny"].basis == "pooled" and found["tiny"].n_heldout == 400
-    # A probe unrelated to the judge cannot pick out drops with 95% precision: no early exit.
-    shuffled = calibrate_thresholds(rng.permutation(probe), judge, sources, {"web": 0.5})
-    assert shuffled["web"].tau_drop == 0.0 and shuffled["web"].early_exit_rate == 0.0
-    with pytest.raises(ValueError, match="source 'web' must be in"):
-        calibrate_thresholds(probe, judge, sources, {"web": 1.5})
+    probe, judge = _population(1000, rng)
+    t = calibrate_source(rng.permutation(probe), judge, 0.5, CalibrationConfig())
+    assert t.tau_drop == 0.0 and t.early_exit_rate == 0.0 and t.exit_error is None
+    with pytest.raises(ValueError, match="no scored documents"):
+        calibrate_source([], [], 0.5, CalibrationConfig())
 
 
 def test_store_round_trip_and_version(tmp_path, minilm):
     torch.manual_seed(0)
-    heads = QualityHeads(ProbeHead(384), JudgeHead(384, JudgeHeadConfig(d_model=16, n_heads=2))).eval()
-    thresholds = {"web": Thresholds(tau_drop=0.2, tau_keep=0.6, n_heldout=50, early_exit_rate=0.1)}
+    heads = QualityHeads(
+        ProbeHead(384, OUTPUTS),
+        JudgeHead(384, JudgeHeadConfig(d_model=16, n_heads=2), OUTPUTS),
+        {"verbosity": 0.5},
+    ).eval()
+    thresholds = {"web": Thresholds(tau_drop=0.2, tau_keep=0.6, n_calibration=50, early_exit_rate=0.1)}
     version = save_heads(tmp_path, heads, thresholds, minilm.config, metrics={"judge_mae": 0.1})
     stored = load_heads(tmp_path)
     assert stored.version == version and stored.thresholds == thresholds
     assert stored.backbone_config == minilm.config and stored.metrics == {"judge_mae": 0.1}
+    assert stored.heads.outputs == OUTPUTS and stored.heads.dimension_weights == {"verbosity": 0.5}
     hidden, mask = torch.randn(2, 4, 384), torch.ones(2, 4, dtype=torch.long)
-    torch.testing.assert_close(stored.heads.judge(hidden, mask), heads.judge(hidden, mask), rtol=0, atol=0)
+    for rubric in OUTPUTS:
+        torch.testing.assert_close(
+            stored.heads.judge(hidden, mask, rubric), heads.judge(hidden, mask, rubric)
+        )
     moved = BackboneConfig(**{**minilm.config.__dict__, "device": "cuda", "batch_size": 1})
     assert heads_version(heads, moved) == version  # where heads run does not change what they compute
+    reweighted = QualityHeads(heads.probe, heads.judge, {"verbosity": 1.0})
+    assert heads_version(reweighted, minilm.config) != version  # the aggregate changes the scores
     with torch.no_grad():
-        heads.probe.linear.bias += 1e-3
+        heads.probe.out["general"].bias += 1e-3
     assert heads_version(heads, minilm.config) != version
     save_heads(tmp_path / "other", heads, thresholds, minilm.config)
     (tmp_path / WEIGHTS_FILE).write_bytes((tmp_path / "other" / WEIGHTS_FILE).read_bytes())

@@ -1,13 +1,10 @@
-"""Rubrics, the rule-based and HTTP oracles, the label table and the stratified sample."""
+"""Rubrics, the rule-based oracle, the label table and the samples (HTTP oracle: test_oracle_http.py)."""
 
 from __future__ import annotations
 
 import json
-import sys
-import threading
-import time
 
-import httpx
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -16,18 +13,15 @@ from moe_dag.data.oracle import (
     GENERAL,
     PROMPT_VERSION,
     LabelRequest,
-    OpenAICompatibleConfig,
-    OpenAICompatibleOracle,
-    OracleError,
     RuleBasedOracle,
-    VLLMEngineConfig,
-    VLLMEngineOracle,
     labels_to_table,
     requests_from_table,
     rubric_for_kind,
+    split_sample,
     stratified_sample,
     table_to_labels,
 )
+from moe_dag.data.schema import SOURCE_KINDS
 
 PROSE = (
     "The mitochondrion is the organelle that produces most of the chemical energy a cell needs. "
@@ -57,15 +51,26 @@ class RunningTotal:
 BAD_CODE = "x=1\ny=2\nz=x+y\nprint(z)\nq=[i*i for i in range(10)]\nprint(q)\n" * 4
 
 
-def test_rubric_kinds_and_quality():
+def test_rubric_follows_the_kind_and_unknown_kinds_are_refused():
     assert rubric_for_kind("code") is CODE
-    assert rubric_for_kind("cc") is rubric_for_kind("math") is GENERAL
+    assert all(rubric_for_kind(kind) is GENERAL for kind in SOURCE_KINDS if kind != "code")
+    for kind in ("cc", "cdoe", "Code", ""):
+        with pytest.raises(ValueError, match="unknown source kind"):
+            rubric_for_kind(kind)
+
+
+def test_rubric_quality_and_weighted_aggregate():
     assert CODE.quality(dict.fromkeys(CODE.dimensions, 10)) == 1.0
     assert CODE.quality(dict.fromkeys(CODE.dimensions, 5)) == 0.5
     best = {"helpfulness": 4, "correctness": 4, "coherence": 4, "complexity": 4, "verbosity": 2}
     assert GENERAL.quality(best) == 1.0
     # Verbosity is best in the middle: padding costs as much as terseness.
     assert GENERAL.quality(best | {"verbosity": 4}) == GENERAL.quality(best | {"verbosity": 0}) == 0.8
+    normalised = np.array([GENERAL.normalise(best | {"verbosity": 4}), GENERAL.normalise(best)])
+    np.testing.assert_allclose(GENERAL.aggregate(normalised), [0.8, 1.0])
+    # A configured aggregate that ignores verbosity rates padding like the ideal length.
+    np.testing.assert_allclose(GENERAL.aggregate(normalised, {"verbosity": 0.0}), [1.0, 1.0])
+    np.testing.assert_allclose(GENERAL.aggregate(np.full((1, 5), np.nan)), [np.nan])
 
 
 @pytest.mark.parametrize(
@@ -122,131 +127,47 @@ def _request(text: str, rubric: str = "general", doc_id: str = "d") -> LabelRequ
     return LabelRequest(id=doc_id, text=text, source="code" if rubric == "code" else "cc", rubric=rubric)
 
 
+def _labels(requests: list[LabelRequest]) -> list:
+    return [result.label for result in RuleBasedOracle().label(requests)]
+
+
 def test_rule_oracle_ranks_clean_text_above_junk_and_is_deterministic():
-    oracle = RuleBasedOracle()
-    prose, spam, symbols = oracle.label([_request(PROSE), _request(SPAM), _request(SYMBOLS)])
+    prose, spam, symbols = _labels([_request(PROSE), _request(SPAM), _request(SYMBOLS)])
     assert prose.quality > spam.quality > symbols.quality
     assert prose.scores["correctness"] == 4 and symbols.scores["correctness"] == 0
     assert spam.scores["correctness"] < prose.scores["correctness"]
-    assert oracle.label([_request(PROSE)]) == [prose]
+    assert _labels([_request(PROSE)]) == [prose]
     assert prose.model == "rules-v1" and prose.prompt_version == PROMPT_VERSION
 
 
 def test_rule_oracle_ranks_structured_code_above_a_flat_script():
-    good, bad = RuleBasedOracle().label([_request(GOOD_CODE, "code"), _request(BAD_CODE, "code")])
+    good, bad = _labels([_request(GOOD_CODE, "code"), _request(BAD_CODE, "code")])
     assert set(good.scores) == set(CODE.dimensions)
     for dim in ("modularity", "clarity", "reusability"):
         assert good.scores[dim] > bad.scores[dim], dim
     assert good.quality > bad.quality + 0.3
 
 
+def test_requests_take_the_rubric_from_the_source_kind_not_its_name():
+    docs = pa.table(
+        {"id": ["a", "b", "c"], "text": [PROSE, GOOD_CODE, PROSE], "source": ["code", "py", "cc"]}
+    )
+    requests = requests_from_table(docs, {"code": "web", "py": "code", "cc": "web"})
+    assert [r.rubric for r in requests] == ["general", "code", "general"]
+    with pytest.raises(ValueError, match="no kind known for source 'cc'"):
+        requests_from_table(docs, {"code": "web", "py": "code"})
+
+
 def test_label_table_round_trip():
     docs = pa.table({"id": ["a", "b"], "text": [PROSE, GOOD_CODE], "source": ["cc", "code"]})
-    requests = requests_from_table(docs)
+    requests = requests_from_table(docs, {"cc": "web", "code": "code"})
     assert [r.rubric for r in requests] == ["general", "code"]
-    labels = RuleBasedOracle().label(requests)
+    labels = _labels(requests)
     table = labels_to_table(labels)
     assert table["score_readability"].to_pylist()[0] is None
     assert table["score_readability"].to_pylist()[1] == labels[1].scores["readability"]
     assert json.loads(table["scores"][0].as_py()) == labels[0].scores
     assert table_to_labels(table) == labels
-
-
-def _reply(scores: dict, status: int = 200) -> httpx.Response:
-    return httpx.Response(
-        status, json={"choices": [{"message": {"role": "assistant", "content": json.dumps(scores)}}]}
-    )
-
-
-SCORES = {"helpfulness": 3, "correctness": 4, "coherence": 4, "complexity": 2, "verbosity": 2}
-
-
-def _oracle(handler, **overrides) -> OpenAICompatibleOracle:
-    config = OpenAICompatibleConfig(base_url="http://vllm.test/v1", backoff_s=0.0, **overrides)
-    return OpenAICompatibleOracle(config, transport=httpx.MockTransport(handler))
-
-
-def test_http_oracle_sends_schema_and_key(monkeypatch):
-    monkeypatch.setenv("TEST_ORACLE_KEY", "secret")
-    seen = []
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        return _reply(SCORES)
-
-    [label] = _oracle(handler, api_key_env="TEST_ORACLE_KEY").label([_request(PROSE)])
-    assert label.scores == SCORES and label.model == "openai/gpt-oss-120b"
-    assert label.quality == GENERAL.quality(SCORES)
-    request = seen[0]
-    assert str(request.url) == "http://vllm.test/v1/chat/completions"
-    assert request.headers["authorization"] == "Bearer secret"
-    body = json.loads(request.content)
-    assert body["model"] == "openai/gpt-oss-120b"
-    assert body["response_format"]["json_schema"]["schema"] == GENERAL.json_schema()
-    assert PROSE in body["messages"][1]["content"]
-
-
-def test_http_oracle_retries_after_server_error():
-    calls = []
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        calls.append(1)
-        return httpx.Response(500, text="overloaded") if len(calls) == 1 else _reply(SCORES)
-
-    [label] = _oracle(handler).label([_request(PROSE)])
-    assert label.scores == SCORES and len(calls) == 2
-
-
-def test_http_oracle_gives_up_on_replies_that_never_validate():
-    calls = []
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        calls.append(1)
-        content = "not json" if len(calls) % 2 else json.dumps(SCORES | {"verbosity": 9})
-        return httpx.Response(200, json={"choices": [{"message": {"content": content}}]})
-
-    with pytest.raises(OracleError, match=r"document 'doc-7'.*3 attempts"):
-        _oracle(handler, max_retries=2).label([_request(PROSE, doc_id="doc-7")])
-    assert len(calls) == 3
-
-
-def test_http_oracle_does_not_retry_client_errors_and_stops_the_sample():
-    calls = []
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        calls.append(1)
-        return httpx.Response(400, text="unknown model")
-
-    requests = [_request(PROSE, doc_id=f"d{i}") for i in range(20)]
-    with pytest.raises(OracleError, match="document 'd0': HTTP 400"):
-        _oracle(handler, max_concurrency=1).label(requests)
-    assert len(calls) <= 2  # no retry of d0, and the queued documents were cancelled
-
-
-def test_http_oracle_bounds_concurrency_and_keeps_order():
-    lock, in_flight, peak = threading.Lock(), [0], [0]
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        with lock:
-            in_flight[0] += 1
-            peak[0] = max(peak[0], in_flight[0])
-        time.sleep(0.02)
-        with lock:
-            in_flight[0] -= 1
-        complexity = int(json.loads(request.content)["messages"][1]["content"].count("x")) % 5
-        return _reply(SCORES | {"complexity": complexity})
-
-    requests = [_request("x" * i, doc_id=f"d{i}") for i in range(12)]
-    labels = _oracle(handler, max_concurrency=3).label(requests)
-    assert [label.id for label in labels] == [r.id for r in requests]
-    assert [label.scores["complexity"] for label in labels] == [i % 5 for i in range(12)]
-    assert 2 <= peak[0] <= 3
-
-
-def test_vllm_engine_reports_missing_install(monkeypatch):
-    monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` fail even where it is installed
-    with pytest.raises(ImportError, match=r"vLLM is not installed: pip install 'moe-dag\[gpu\]'"):
-        VLLMEngineOracle(VLLMEngineConfig())
 
 
 def _corpus() -> pa.Table:
@@ -273,3 +194,14 @@ def test_stratified_sample_covers_sources_and_lengths_deterministically():
     )
     with pytest.raises(ValueError, match="per_source"):
         stratified_sample(corpus, per_source=0, seed=1)
+
+
+def test_split_sample_draws_disjoint_label_and_calibration_samples():
+    corpus = _corpus()
+    labelled, calibration = split_sample(corpus, labelled=8, calibration=20, seed=1)
+    assert labelled.equals(stratified_sample(corpus, per_source=8, seed=1))
+    assert not set(labelled["id"].to_pylist()) & set(calibration["id"].to_pylist())
+    counts = {s: calibration["source"].to_pylist().count(s) for s in ("cc", "code", "math")}
+    assert counts == {"cc": 20, "code": 20, "math": 0}  # math's two documents are both being labelled
+    _, everything_left = split_sample(corpus, labelled=8, calibration=1000, seed=1)
+    assert everything_left.num_rows == corpus.num_rows - labelled.num_rows

@@ -18,8 +18,9 @@ from moe_dag.data.heads import (
     heads_version,
     load_backbone,
 )
+from moe_dag.data.oracle import GENERAL
 from moe_dag.data.schema import reason_counts
-from moe_dag.data.scoring import JUDGE_DROP, PROBE_EXIT, early_exit_summary, score_documents
+from moe_dag.data.scoring import JUDGE_DROP, PROBE_EXIT, early_exit_summary, score_documents, split_reusable
 
 TEXTS = [
     "Rivers carry sediment from the mountains to the sea, building deltas over thousands of years.",
@@ -40,7 +41,11 @@ TEXTS = [
 def setup():
     backbone = load_backbone(BackboneConfig(max_tokens=24, batch_size=4))
     torch.manual_seed(0)
-    heads = QualityHeads(ProbeHead(384), JudgeHead(384, JudgeHeadConfig(d_model=16, n_heads=2))).eval()
+    outputs = {"general": 5}
+    heads = QualityHeads(
+        ProbeHead(384, outputs), JudgeHead(384, JudgeHeadConfig(d_model=16, n_heads=2), outputs)
+    )
+    heads.eval()
     table = pa.table(
         {
             "id": [f"doc-{i}" for i in range(len(TEXTS))],
@@ -52,20 +57,21 @@ def setup():
 
 
 def _full_forward(backbone, heads, texts):
-    """Both heads on the model's own output_hidden_states, with no early exit."""
+    """Both heads' aggregates and the judge's dimensions on the model's own hidden states, no early exit."""
     ids, mask = backbone.tokenize(texts)
     with torch.no_grad():
         hidden = backbone.model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
-        probe = heads.probe(hidden[backbone.config.probe_layer], mask)
-        judge = heads.judge(hidden[backbone.config.judge_layer], mask)
-    return probe.numpy(), judge.numpy()
+        probe = heads.probe(hidden[backbone.config.probe_layer], mask, "general").double().numpy()
+        judge = heads.judge(hidden[backbone.config.judge_layer], mask, "general").double().numpy()
+    return heads.aggregate("general", probe), heads.aggregate("general", judge), judge
 
 
 def test_early_exit_matches_full_forward_and_accounts_for_every_row(setup):
     backbone, heads, table = setup
-    probe_full, judge_full = _full_forward(backbone, heads, TEXTS)
+    probe_full, judge_full, judge_dimensions = _full_forward(backbone, heads, TEXTS)
     # Thresholds inside the score ranges, so both exits and both judge outcomes occur.
     thresholds = Thresholds(tau_drop=float(np.median(probe_full)), tau_keep=float(np.median(judge_full)))
+    assert thresholds.rubric == "general"
     judged_rows = []
     hook = heads.judge.register_forward_hook(lambda module, args, out: judged_rows.append(len(out)))
     try:
@@ -85,6 +91,12 @@ def test_early_exit_matches_full_forward_and_accounts_for_every_row(setup):
     stayed = ~exited
     judged = np.asarray([judge[i].as_py() for i in np.flatnonzero(stayed)])
     np.testing.assert_allclose(judged, judge_full[stayed], rtol=1e-5, atol=1e-5)
+    for k, dim in enumerate(GENERAL.dimensions):  # every dimension is kept, null after an exit
+        column = scored[f"judge_{dim}"]
+        assert column.null_count == exited.sum()
+        np.testing.assert_allclose(
+            column.drop_null().to_numpy(), judge_dimensions[stayed, k], rtol=1e-5, atol=1e-5
+        )
 
     keep = np.asarray(scored["keep"].to_pylist())
     np.testing.assert_array_equal(keep, stayed & (judge_full >= thresholds.tau_keep))
@@ -108,3 +120,77 @@ def test_rescoring_replaces_old_columns(setup):
     assert set(again["reason"].to_pylist()) == {PROBE_EXIT} and again["judge_score"].null_count == len(TEXTS)
     empty = score_documents(table.slice(0, 0), backbone, heads, thresholds, batch_size=8)
     assert empty.num_rows == 0 and empty.column_names == scored.column_names
+
+
+def test_a_rubric_the_heads_were_not_trained_for_is_refused(setup):
+    backbone, heads, table = setup
+    with pytest.raises(ValueError, match=r"trained for rubrics \['general'\], not 'code'"):
+        score_documents(table, backbone, heads, Thresholds(tau_drop=0.0, tau_keep=0.5, rubric="code"), 8)
+
+
+def test_rows_scored_by_the_current_heads_are_not_scored_again(setup):
+    backbone, heads, table = setup
+    version = heads_version(heads, backbone.config)
+    no_exit = Thresholds(tau_drop=0.0, tau_keep=0.5)
+    previous = score_documents(table.slice(0, 8), backbone, heads, no_exit, batch_size=8)
+    edited = pa.table(
+        {
+            "id": table["id"],
+            "text": table["text"].to_pylist()[:7] + ["an edited text"] + table["text"].to_pylist()[8:],
+            "source": table["source"],
+        }
+    )
+    reused, todo = split_reusable(edited, previous, version, no_exit)
+    assert reused["id"].to_pylist() == [f"doc-{i}" for i in range(7)]  # doc-7 changed, 8-10 are new
+    assert todo["id"].to_pylist() == [f"doc-{i}" for i in range(7, 11)]
+    assert reused.column_names == previous.column_names
+
+    stricter = Thresholds(tau_drop=0.0, tau_keep=1.0)  # new thresholds: decided again, not rescored
+    reused, todo = split_reusable(table, previous, version, stricter)
+    assert reused.num_rows == 8 and not any(reused["keep"].to_pylist())
+    exits_everything = Thresholds(tau_drop=1.0, tau_keep=0.5)
+    reused, _ = split_reusable(table, previous, version, exits_everything)
+    assert set(reused["reason"].to_pylist()) == {PROBE_EXIT}
+
+    exited = score_documents(table, backbone, heads, exits_everything, batch_size=8)
+    reused, todo = split_reusable(table, exited, version, no_exit)  # now they need the judge they skipped
+    assert reused.num_rows == 0 and todo.num_rows == table.num_rows
+    reused, todo = split_reusable(table, previous, "another-version", no_exit)
+    assert reused.num_rows == 0 and todo.num_rows == table.num_rows
+    assert split_reusable(table, None, version, no_exit) == (None, table)
+
+
+def test_a_shard_rescored_after_new_thresholds_reuses_its_rows(setup, tmp_path, monkeypatch):
+    """New thresholds redo the shard (its record names them) but only re-decide rows the current heads
+    scored: the backbone does not run again."""
+    from moe_dag.data.engine import StageSpec
+    from moe_dag.data.engine.run import run_stage
+    from moe_dag.data.engine.shards import ShardInput
+    from moe_dag.data.engine.stages import ScoringWork
+    from moe_dag.data.heads import save_heads
+    from moe_dag.data.lake import Lake
+
+    backbone, heads, table = setup
+    lake = Lake(tmp_path / "lake")
+    upstream = lake.shard_path("toxicity_filtered", "web", "s0")
+    lake.write_file(table, upstream)
+    inputs = [ShardInput(key="s0", path=upstream, fingerprint="f0")]
+
+    def score(tau_keep: float, heads_dir):
+        thresholds = {"web": Thresholds(tau_drop=0.0, tau_keep=tau_keep)}
+        save_heads(heads_dir, heads, thresholds, backbone.config, {})
+        spec = StageSpec(
+            outputs=("scored_documents",),
+            make_work=lambda: ScoringWork(str(heads_dir), "web"),
+            params=repr(thresholds),
+        )
+        return run_stage(spec, lake, "web", inputs, workers=0)
+
+    first = score(0.5, tmp_path / "heads")
+    assert first.shards_run == 1
+    monkeypatch.setattr(
+        "moe_dag.data.engine.stages.ScoringWork.backbone", property(lambda self: pytest.fail("rescored"))
+    )
+    second = score(1.0, tmp_path / "heads")  # stricter: every row dropped, none scored again
+    assert second.shards_run == 1 and second.counts["kept"] == 0
+    assert second.counts["documents"] == first.counts["documents"] == table.num_rows

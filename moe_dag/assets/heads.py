@@ -1,12 +1,16 @@
 """quality_heads: distil the oracle's labels into a probe and a judge head on a frozen backbone."""
 
 import dataclasses
+import json
 import time
 
 import dagster as dg
+import pyarrow as pa
 
-from moe_dag.assets.plots import png_markdown, scatter_png
-from moe_dag.data.heads import calibrate_thresholds, load_backbone, save_heads, train_heads
+from moe_dag.assets.plots import bars_png, png_markdown, scatter_png
+from moe_dag.data.heads import heldout_keep_f1, load_backbone, save_heads, train_heads
+from moe_dag.data.oracle import rubric_for_kind
+from moe_dag.data.scoring import calibrate_sources, calibration_warnings
 from moe_dag.resources import PipelineResource
 
 
@@ -17,45 +21,67 @@ from moe_dag.resources import PipelineResource
     pool="gpu",
 )
 def quality_heads(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
-    """Probe and judge heads, and per-source thresholds calibrated on held-out oracle labels."""
-    config = pipeline.config
-    lake = pipeline.lake
-    labels = lake.read_table("oracle_labels").select(["id", "quality"])
-    sample = lake.read_table("oracle_sample").select(["id", "text", "source"])
-    labelled = sample.join(labels, "id", join_type="inner").sort_by("id")
+    """Probe and judge heads predicting every rubric dimension, and per-source thresholds.
+
+    The thresholds are calibrated on documents the heads never trained on (held-out labels and the
+    calibration sample). The heads' version is this asset's data version: `scored_documents` is
+    rescored when it changes.
+    """
+    config, lake = pipeline.config, pipeline.lake
+    labels = lake.read_table("oracle_labels").select(["id", "rubric", "scores"])
+    documents = lake.read_table("oracle_sample").select(["id", "text", "source"])
+    labelled = documents.join(labels, "id", join_type="inner").sort_by("id")
     started = time.perf_counter()
     backbone = load_backbone(config.backbone)
     trained = train_heads(
         backbone,
         labelled["text"].to_pylist(),
-        labelled["quality"].to_pylist(),
+        labelled["rubric"].to_pylist(),
+        [json.loads(scores) for scores in labelled["scores"].to_pylist()],
         labelled["source"].to_pylist(),
         config.heads,
     )
-    heldout = trained.heldout
-    thresholds = calibrate_thresholds(
-        heldout.probe,
-        heldout.judge,
-        heldout.sources,
-        {s.name: s.keep_rate for s in config.sources},
-        **dataclasses.asdict(config.calibration),
+    heldout, keep_rates = trained.heldout, {s.name: s.keep_rate for s in config.sources}
+    heldout_documents = labelled.select(["id", "text", "source"]).take(heldout.index)
+    unseen = pa.concat_tables(
+        [heldout_documents, lake.read_table("calibration_sample")], promote_options="permissive"
     )
+    rubrics = {name: rubric_for_kind(kind).name for name, kind in config.source_kinds.items()}
+    thresholds = calibrate_sources(
+        unseen, backbone, trained.heads, rubrics, keep_rates, config.calibration, config.backbone.batch_size
+    )
+    metrics = trained.metrics | heldout_keep_f1(heldout, keep_rates)
+    warnings = calibration_warnings(thresholds, keep_rates, config.calibration)
+    for warning in warnings:
+        context.log.warning(f"quality_heads calibration: {warning}")
     version = save_heads(
-        lake.artifact_dir("quality_heads"), trained.heads, thresholds, config.backbone, trained.metrics
+        lake.artifact_dir("quality_heads"), trained.heads, thresholds, config.backbone, metrics
     )
-    context.log.info(f"heads {version}: {trained.metrics}")
-    plot = scatter_png(
-        heldout.oracle.tolist(), heldout.judge.tolist(), "oracle quality", "judge score", "held-out labels"
+    context.log.info(
+        f"heads {version}: judge F1 {metrics['judge_f1']:.3f}, probe F1 {metrics['probe_f1']:.3f}"
+    )
+    dimensions = sorted(k.removeprefix("judge_spearman_") for k in metrics if k.startswith("judge_spearman_"))
+    spearman_plot = bars_png(
+        dimensions,
+        {head: [metrics[f"{head}_spearman_{dim}"] for dim in dimensions] for head in ("probe", "judge")},
+        "Spearman vs oracle",
+        "per rubric dimension, held-out labels",
+    )
+    scatter = scatter_png(
+        heldout.oracle.tolist(), heldout.judge.tolist(), "oracle", "judge", "keep aggregate"
     )
     return dg.MaterializeResult(
         metadata={
             "version": version,
             "labelled_documents": labelled.num_rows,
-            **{name: round(value, 4) for name, value in trained.metrics.items()},
-            "thresholds": dg.MetadataValue.json(
-                {source: dataclasses.asdict(t) for source, t in thresholds.items()}
+            **{name: round(value, 4) for name, value in metrics.items()},
+            "thresholds": dg.MetadataValue.json({s: dataclasses.asdict(t) for s, t in thresholds.items()}),
+            "calibration_warnings": dg.MetadataValue.json(warnings),
+            "dimension_agreement": dg.MetadataValue.md(png_markdown(spearman_plot, "Spearman per dimension")),
+            "judge_vs_oracle": dg.MetadataValue.md(
+                png_markdown(scatter, "judge vs oracle on held-out labels")
             ),
-            "judge_vs_oracle": dg.MetadataValue.md(png_markdown(plot, "judge vs oracle on held-out labels")),
             "seconds": round(time.perf_counter() - started, 2),
-        }
+        },
+        data_version=dg.DataVersion(version),
     )

@@ -1,67 +1,108 @@
-"""oracle_sample and oracle_labels: a stratified sample of the filtered documents, labelled on rubrics."""
+"""oracle_sample and oracle_labels: per source, documents to label and documents to calibrate on; labels."""
 
 import time
 
 import dagster as dg
 import pyarrow as pa
 
-from moe_dag.data.oracle import LabelRequest, labels_to_table, rubric_for_kind, stratified_sample
+from moe_dag.data.heads import calibration_sample_size
+from moe_dag.data.oracle import LabelCache, label_documents, requests_from_table, split_sample
 from moe_dag.data.schema import kept_rows
 from moe_dag.resources import PipelineResource
+
+FAILURE_RATE = "failure_rate_within_bound"
 
 
 @dg.asset(group_name="quality", kinds={"parquet"}, deps=["toxicity_filtered"])
 def oracle_sample(pipeline: PipelineResource) -> dg.MaterializeResult:
-    """Documents to label, stratified by source and length so each source's heads see its range."""
-    config = pipeline.config
-    # Sources carry different score columns (code has no language ID), so keep the common ones.
-    documents = pa.concat_tables(
-        [
-            kept_rows(pipeline.lake.read_table("toxicity_filtered", name)).select(["id", "text", "source"])
-            for name in config.source_names
-        ]
-    )
-    sample = stratified_sample(documents, per_source=config.oracle.per_source, seed=config.oracle.seed)
-    pipeline.lake.write_table(sample, "oracle_sample")
-    per_source = pa.compute.value_counts(sample["source"]).to_pylist()
+    """Documents to label and, disjoint from them, documents to calibrate thresholds on, per source.
+
+    Both are stratified by length. The calibration sample is sized from the configured keep-rate
+    precision (`calibration` in the config), each source on its own.
+    """
+    config, lake = pipeline.config, pipeline.lake
+    to_label, to_calibrate, counts = [], [], {}
+    for source in config.sources:
+        table = lake.read_table("toxicity_filtered", source.name, columns=["id", "text", "source", "keep"])
+        needed = calibration_sample_size(source.keep_rate, config.calibration)
+        labelled, calibration = split_sample(
+            kept_rows(table), config.oracle.per_source, needed, config.oracle.seed
+        )
+        to_label.append(labelled)
+        to_calibrate.append(calibration)
+        counts[source.name] = {
+            "labelled": labelled.num_rows,
+            "calibration": calibration.num_rows,
+            "needed": needed,
+        }
+    sample = pa.concat_tables(to_label)
+    lake.write_table(sample, "oracle_sample")
+    lake.write_table(pa.concat_tables(to_calibrate), "calibration_sample")
     return dg.MaterializeResult(
         metadata={
             "documents": sample.num_rows,
-            "per_source": dg.MetadataValue.json({c["values"]: c["counts"] for c in per_source}),
+            "per_source": dg.MetadataValue.json(counts),
             "dagster/row_count": sample.num_rows,
         }
     )
 
 
-@dg.asset(group_name="quality", kinds={"parquet"}, deps=["oracle_sample"], pool="gpu")
-def oracle_labels(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
-    """Rubric scores from the oracle LLM (or the CPU rubric oracle), one row per sampled document."""
-    config = pipeline.config
-    sample = pipeline.lake.read_table("oracle_sample")
-    requests = [
-        LabelRequest(
-            id=row["id"],
-            text=row["text"],
-            source=row["source"],
-            rubric=rubric_for_kind(config.source(row["source"]).kind).name,
+@dg.asset(
+    group_name="quality",
+    kinds={"parquet"},
+    deps=["oracle_sample"],
+    pool="gpu",
+    check_specs=[
+        dg.AssetCheckSpec(
+            FAILURE_RATE,
+            asset="oracle_labels",
+            blocking=True,
+            description="the share of sampled documents left unlabelled is within oracle.max_failure_rate",
         )
-        for row in sample.to_pylist()
-    ]
+    ],
+)
+def oracle_labels(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
+    """Rubric scores from the oracle LLM (or the CPU rubric oracle), through the label cache.
+
+    Labels already in the cache (same text, rubric, prompt version and model) are not paid for again;
+    new ones are committed to the cache in batches as they arrive, so a killed run resumes. Documents
+    the oracle could not label go to `oracle_label_failures` with their error and raw replies.
+    """
+    config, lake = pipeline.config, pipeline.lake
+    requests = requests_from_table(lake.read_table("oracle_sample"), config.source_kinds)
     oracle = pipeline.oracle()
     started = time.perf_counter()
-    labels = labels_to_table(oracle.label(requests))
+    report = label_documents(requests, oracle, LabelCache(lake), config.oracle.labelling)
     seconds = time.perf_counter() - started
-    pipeline.lake.write_table(labels, "oracle_labels")
-    context.log.info(f"{oracle.model_name} labelled {labels.num_rows} documents in {seconds:.1f}s")
-    mean_quality = pa.TableGroupBy(labels, "source").aggregate([("quality", "mean")]).to_pylist()
+    lake.write_table(report.labels, "oracle_labels")
+    lake.write_table(report.failures, "oracle_label_failures")
+    context.log.info(
+        f"{oracle.model_name}: {report.from_cache} labels from the cache, {report.newly_labelled} new, "
+        f"{report.failures.num_rows} documents failed, in {seconds:.1f}s"
+    )
+    if report.failures.num_rows:
+        context.log.warning(f"first labelling failure: {report.failures['error'][0].as_py()}")
+    mean_quality = pa.TableGroupBy(report.labels, "source").aggregate([("quality", "mean")]).to_pylist()
+    bound = config.oracle.max_failure_rate
     return dg.MaterializeResult(
         metadata={
             "oracle": oracle.model_name,
-            "labels": labels.num_rows,
+            "labels": report.labels.num_rows,
+            "from_cache": report.from_cache,
+            "newly_labelled": report.newly_labelled,
+            "failed": report.failures.num_rows,
+            "failure_rate": round(report.failure_rate, 4),
             "mean_quality_per_source": dg.MetadataValue.json(
                 {row["source"]: round(row["quality_mean"], 3) for row in mean_quality}
             ),
             "seconds": round(seconds, 2),
-            "dagster/row_count": labels.num_rows,
-        }
+            "dagster/row_count": report.labels.num_rows,
+        },
+        check_results=[
+            dg.AssetCheckResult(
+                check_name=FAILURE_RATE,
+                passed=report.failure_rate <= bound,
+                metadata={"failure_rate": round(report.failure_rate, 4), "bound": bound},
+            )
+        ],
     )

@@ -1,4 +1,11 @@
-"""scored_documents: the probe then (for documents that stay) the judge, with early exit."""
+"""scored_documents: the probe then (for documents that stay) the judge, with early exit.
+
+Rescoring: `quality_heads` records the heads' version as its data version, and this asset's automation
+condition requests every source partition when that version changes (once the daemon's default
+automation sensor is on). Shards the current heads already scored (their completion record names
+the heads version and thresholds) are not scored again: a rerun with unchanged heads costs nothing.
+The weekly schedule in `definitions.py` stays.
+"""
 
 import functools
 
@@ -11,6 +18,16 @@ from moe_dag.data.engine.stages import ScoringWork
 from moe_dag.data.heads import load_heads
 from moe_dag.resources import PipelineResource, RayResource
 
+KEEP_RATE = "keep_rate_on_target"
+
+RESCORE_ON_NEW_HEADS = (
+    dg.AutomationCondition.any_deps_match(dg.AutomationCondition.data_version_changed())
+    .allow(dg.AssetSelection.assets("quality_heads"))
+    .since_last_handled()
+    & ~dg.AutomationCondition.any_deps_in_progress()
+    & ~dg.AutomationCondition.in_progress()
+).with_label("rescore_on_new_heads")
+
 
 @dg.asset(
     partitions_def=PER_SOURCE,
@@ -18,18 +35,31 @@ from moe_dag.resources import PipelineResource, RayResource
     kinds={"pytorch", "parquet", "ray"},
     deps=["toxicity_filtered", "quality_heads"],
     pool="gpu",
-    check_specs=[reconcile_check_spec("scored_documents")],
+    automation_condition=RESCORE_ON_NEW_HEADS,
+    check_specs=[
+        reconcile_check_spec("scored_documents"),
+        dg.AssetCheckSpec(
+            KEEP_RATE,
+            asset="scored_documents",
+            description="the kept share is within the calibration tolerance of the source's keep rate",
+        ),
+    ],
 )
 def scored_documents(
     context: dg.AssetExecutionContext, pipeline: PipelineResource, ray: RayResource
 ) -> dg.MaterializeResult:
-    source = context.partition_key
+    source, config = context.partition_key, pipeline.config
     heads_dir = pipeline.lake.artifact_dir("quality_heads")
     stored = load_heads(heads_dir)
+    if source not in stored.thresholds:
+        raise dg.Failure(
+            f"heads {stored.version} have no thresholds for source {source!r}; see quality_heads"
+        )
     spec = StageSpec(
         outputs=("scored_documents",),
         make_work=functools.partial(ScoringWork, str(heads_dir), source),
-        # A new heads version or new thresholds rescore every shard.
+        # Shards scored by the current heads with the current thresholds are not scored again; a new
+        # heads version or new thresholds rescore every shard.
         params=repr((stored.version, stored.thresholds[source])),
         actor_pool=True,  # backbone and heads load once per actor
         num_gpus=ray.scoring_gpus,
@@ -37,7 +67,8 @@ def scored_documents(
     run = run_source_stage(context, pipeline, ray, spec, "toxicity_filtered")
     counts = run.counts
     documents = max(counts.get("documents", 0), 1)
-    return decision_result(
+    kept_rate = counts.get("kept", 0) / documents
+    result = decision_result(
         run,
         kept_upstream(pipeline, "toxicity_filtered", source),
         {
@@ -46,3 +77,10 @@ def scored_documents(
             "layer_compute_saved": round(counts.get("layer_compute_saved", 0.0) / documents, 4),
         },
     )
+    target, tolerance = config.source(source).keep_rate, config.calibration.keep_rate_tolerance
+    on_target = dg.AssetCheckResult(
+        check_name=KEEP_RATE,
+        passed=bool(abs(kept_rate - target) <= tolerance),
+        metadata={"kept_rate": round(kept_rate, 4), "target": target, "tolerance": tolerance},
+    )
+    return dg.MaterializeResult(metadata=result.metadata, check_results=[*result.check_results, on_target])

@@ -27,7 +27,10 @@ LAKE_STAGES = {
     "deduplicated": True,
     "toxicity_filtered": True,
     "oracle_sample": False,
+    "calibration_sample": False,
     "oracle_labels": False,
+    "oracle_label_failures": False,
+    "oracle_label_cache": False,
     "scored_documents": True,
     "proxy_eval": False,
 }

@@ -40,7 +40,10 @@ def test_a_safe_name_loads(tmp_path):
         ({"mixture_weight": -1}, r"sources\[0\]\.mixture_weight must be a finite number >= 0, got -1"),
         ({"mixture_weight": 0}, r"at least one source needs a mixture_weight above 0"),
         ({"kind": "cdoe"}, r"kind must be one of \[.*\], got 'cdoe'"),
-        ({"prefilter": {"min_words": "fifty"}}, r"sources\[web\]\.prefilter\.min_words must be int"),
+        (
+            {"prefilter": {"gopher_min_words": "fifty"}},
+            r"sources\[web\]\.prefilter\.gopher_min_words must be int",
+        ),
         ({"prefilter": {"min_word": 3}}, r"unknown key\(s\) \['min_word'\] in sources\[web\]\.prefilter"),
     ],
 )

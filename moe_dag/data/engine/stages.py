@@ -120,24 +120,45 @@ class DedupWork(ShardWork):
 
 class ScoringWork(ShardWork):
     """scored_documents: the probe, then the judge for documents the probe lets through. Holds the
-    backbone and the heads, so it runs in an actor pool (one GPU per actor in production)."""
+    backbone and the heads, so it runs in an actor pool (one GPU per actor in production).
+
+    Rows of the shard's previous output that the current heads already scored are reused and only
+    decided again (new thresholds do not need the backbone); the rest are scored."""
 
     def __init__(self, heads_dir: str, source: str) -> None:
-        # torch and transformers load only in the processes that score, not in every worker.
-        from moe_dag.data.heads import load_backbone, load_heads
+        from moe_dag.data.heads import load_heads
 
         self.stored = load_heads(heads_dir)
-        self.backbone = load_backbone(self.stored.backbone_config)
         self.thresholds = self.stored.thresholds[source]
+        self._backbone = None
+
+    @property
+    def backbone(self) -> Any:
+        # torch and transformers load only in the processes that score, and only when a row needs it.
+        if self._backbone is None:
+            from moe_dag.data.heads import load_backbone
+
+            self._backbone = load_backbone(self.stored.backbone_config)
+        return self._backbone
 
     def process(self, shard: ShardInput, out: ShardOutput) -> dict[str, Any]:
+        from moe_dag.data.scoring import early_exit_summary, score_documents, split_reusable
+
+        previous_path = out.lake.shard_path("scored_documents", out.source, shard.key)
+        previous = out.lake.read_file(previous_path) if out.lake.fs.exists(previous_path) else None
         writer = out.table("scored_documents")
         counts = []
         batch_size = self.stored.backbone_config.batch_size
-        from moe_dag.data.scoring import early_exit_summary, score_documents
-
         for batch in kept_batches(shard, out):
-            scored = score_documents(batch, self.backbone, self.stored.heads, self.thresholds, batch_size)
+            reused, todo = split_reusable(batch, previous, self.stored.version, self.thresholds)
+            parts = [] if reused is None else [reused]
+            if todo.num_rows:
+                parts.append(
+                    score_documents(todo, self.backbone, self.stored.heads, self.thresholds, batch_size)
+                )
+            if not parts:
+                continue
+            scored = pa.concat_tables(parts, promote_options="permissive")
             writer.write(scored)
             exits = early_exit_summary(scored, self.stored.backbone_config)
             counts.append(

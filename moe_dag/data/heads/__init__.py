@@ -1,10 +1,23 @@
 """Quality heads on a frozen backbone: a probe for early exit, a judge for the final decision."""
 
 from moe_dag.data.heads.backbone import Backbone, BackboneConfig, load_backbone
-from moe_dag.data.heads.heads import JudgeHead, JudgeHeadConfig, ProbeHead, QualityHeads
+from moe_dag.data.heads.evaluation import agreement, keep_f1, spearman
+from moe_dag.data.heads.heads import JudgeHead, JudgeHeadConfig, ProbeHead, QualityHeads, rubric_outputs
 from moe_dag.data.heads.store import StoredHeads, heads_version, load_heads, save_heads
-from moe_dag.data.heads.thresholds import CalibrationConfig, Thresholds, calibrate_thresholds
-from moe_dag.data.heads.train import HeadTrainConfig, HeldOut, TrainedHeads, train_heads
+from moe_dag.data.heads.thresholds import (
+    CalibrationConfig,
+    Thresholds,
+    calibrate_source,
+    calibration_sample_size,
+)
+from moe_dag.data.heads.train import (
+    HeadTrainConfig,
+    HeldOut,
+    TrainedHeads,
+    heldout_agreement,
+    heldout_keep_f1,
+    train_heads,
+)
 
 __all__ = [
     "Backbone",
@@ -19,10 +32,17 @@ __all__ = [
     "StoredHeads",
     "Thresholds",
     "TrainedHeads",
-    "calibrate_thresholds",
+    "agreement",
+    "calibrate_source",
+    "calibration_sample_size",
     "heads_version",
+    "heldout_agreement",
+    "heldout_keep_f1",
+    "keep_f1",
     "load_backbone",
     "load_heads",
+    "rubric_outputs",
     "save_heads",
+    "spearman",
     "train_heads",
 ]

@@ -23,6 +23,7 @@ Tensor shape letters: B batch, T tokens, D hidden size.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -34,6 +35,12 @@ from transformers.masking_utils import (
     create_bidirectional_mask,
     create_causal_mask,
     create_sliding_window_causal_mask,
+)
+
+# transformers renamed the mask builders' `past_key_values` argument to `cache` in 5.x; pass whichever
+# the installed version takes (a GPU image may carry an older release than the CPU environment).
+_CACHE_ARGUMENT = (
+    "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
 )
 
 
@@ -124,7 +131,7 @@ class Backbone:
             config=config,
             inputs_embeds=hidden_BTD,
             attention_mask=mask_BT,
-            cache=None,
+            **{_CACHE_ARGUMENT: None},
             position_ids=position_ids,
         )
         # A layer attends through a sliding window when its attention module says so (gpt-oss, Qwen3);

@@ -1,27 +1,34 @@
-"""The two quality heads read by early-exit scoring; both predict the oracle quality in [0, 1].
+"""The two quality heads read by early-exit scoring; both predict every dimension of a rubric.
 
-ProbeHead, at the probe layer: masked mean pool over tokens, then one linear map. It is cheap enough to
-score every document, so it decides who leaves early. The pooled features are standardised with
-per-feature statistics fixed at training time (buffers, not parameters): residual-stream scales differ by
-orders of magnitude between backbones and layers, and a fixed affine map keeps the head exactly
-"mean pool + linear" while making one learning rate work for all of them.
+Each head has one output layer per rubric it was trained on ("general": 5 dimensions, "code": 4), over
+a body shared by all rubrics. Outputs are the dimension scores as fractions of the rubric's scale, in
+[0, 1] through a sigmoid; the keep decision reads their configured aggregate (`QualityHeads.aggregate`).
+
+ProbeHead, at the probe layer: masked mean pool over tokens, then one linear map per rubric (D -> K).
+It is cheap enough to score every document, so it decides who leaves early. The pooled features are
+standardised with per-feature statistics fixed at training time (buffers, not parameters):
+residual-stream scales differ by orders of magnitude between backbones and layers, and a fixed affine
+map keeps the head exactly "mean pool + linear" while making one learning rate work for all of them.
 
 JudgeHead, at the judge layer: per-token LayerNorm (same reason), projection to d_model, a learned query
-token prepended, a small pre-norm TransformerEncoder, and a linear map read off the query token. Token
-order is already encoded in the backbone's hidden states, so the head adds no positional embedding.
-
-A sigmoid bounds both outputs to the range of the target.
+token prepended, a small pre-norm TransformerEncoder, and one linear map per rubric read off the query
+token (M -> K). Token order is already encoded in the backbone's hidden states, so the head adds no
+positional embedding.
 
 Tensor shape letters: B batch, T tokens, S = T + 1 (query and tokens), D backbone hidden size, M judge
-width (d_model).
+width (d_model), K dimensions of a rubric, N documents.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import nn
+
+from moe_dag.data.oracle.rubrics import rubric_by_name
 
 
 def masked_mean(hidden_BTD: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
@@ -30,24 +37,32 @@ def masked_mean(hidden_BTD: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor
     return (hidden_BTD * weights_BT1).sum(1) / weights_BT1.sum(1).clamp(min=1.0)
 
 
+def rubric_outputs(rubrics: list[str]) -> dict[str, int]:
+    """Output width per rubric: its number of dimensions."""
+    return {name: len(rubric_by_name(name).dimensions) for name in sorted(set(rubrics))}
+
+
 class ProbeHead(nn.Module):
-    def __init__(self, hidden_size: int):
+    def __init__(self, hidden_size: int, outputs: Mapping[str, int]):
         super().__init__()
         self.register_buffer("feature_mean", torch.zeros(hidden_size))
         self.register_buffer("feature_std", torch.ones(hidden_size))
-        self.linear = nn.Linear(hidden_size, 1)
+        self.out = nn.ModuleDict({name: nn.Linear(hidden_size, k) for name, k in sorted(outputs.items())})
 
     def set_feature_stats(self, pooled_ND: torch.Tensor) -> None:
         """Fix the standardisation from the training set's pooled features."""
         self.feature_mean.copy_(pooled_ND.mean(0))
         self.feature_std.copy_(pooled_ND.std(0).clamp(min=1e-6))
 
-    def score_pooled(self, pooled_BD: torch.Tensor) -> torch.Tensor:
-        standardised_BD = (pooled_BD - self.feature_mean) / self.feature_std
-        return torch.sigmoid(self.linear(standardised_BD).squeeze(-1))
+    def standardise(self, pooled_BD: torch.Tensor) -> torch.Tensor:
+        return (pooled_BD - self.feature_mean) / self.feature_std
 
-    def forward(self, hidden_BTD: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
-        return self.score_pooled(masked_mean(hidden_BTD, mask_BT))
+    def score_pooled(self, pooled_BD: torch.Tensor, rubric: str) -> torch.Tensor:
+        """(B, K) dimension scores in [0, 1] from mean-pooled probe-layer states."""
+        return torch.sigmoid(self.out[rubric](self.standardise(pooled_BD)))
+
+    def forward(self, hidden_BTD: torch.Tensor, mask_BT: torch.Tensor, rubric: str) -> torch.Tensor:
+        return self.score_pooled(masked_mean(hidden_BTD, mask_BT), rubric)
 
 
 @dataclass(kw_only=True)
@@ -67,7 +82,7 @@ class JudgeHeadConfig:
 
 
 class JudgeHead(nn.Module):
-    def __init__(self, hidden_size: int, config: JudgeHeadConfig):
+    def __init__(self, hidden_size: int, config: JudgeHeadConfig, outputs: Mapping[str, int]):
         super().__init__()
         self.config = config
         self.input_norm = nn.LayerNorm(hidden_size)
@@ -85,24 +100,38 @@ class JudgeHead(nn.Module):
         self.encoder = nn.TransformerEncoder(
             layer, config.n_layers, norm=nn.LayerNorm(config.d_model), enable_nested_tensor=False
         )
-        self.out = nn.Linear(config.d_model, 1)
+        self.out = nn.ModuleDict({name: nn.Linear(config.d_model, k) for name, k in sorted(outputs.items())})
 
-    def forward(self, hidden_BTD: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
+    def encode(self, hidden_BTD: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
+        """The query token after the encoder, (B, M): what every rubric's output layer reads."""
         tokens_BTM = self.project(self.input_norm(hidden_BTD))
         query_B1M = self.query.expand(tokens_BTM.shape[0], -1, -1)
         x_BSM = torch.cat([query_B1M, tokens_BTM], dim=1)
         # True marks what attention must ignore: the padding, never the query.
         ignore_BS = torch.cat([torch.ones_like(mask_BT[:, :1]), mask_BT], dim=1) == 0
-        x_BSM = self.encoder(x_BSM, src_key_padding_mask=ignore_BS)
-        return torch.sigmoid(self.out(x_BSM[:, 0]).squeeze(-1))
+        return self.encoder(x_BSM, src_key_padding_mask=ignore_BS)[:, 0]
+
+    def forward(self, hidden_BTD: torch.Tensor, mask_BT: torch.Tensor, rubric: str) -> torch.Tensor:
+        """(B, K) dimension scores in [0, 1] from judge-layer states."""
+        return torch.sigmoid(self.out[rubric](self.encode(hidden_BTD, mask_BT)))
 
 
 @dataclass
 class QualityHeads:
-    """A probe and a judge trained together on one backbone's layers."""
+    """A probe and a judge trained together on one backbone's layers, and the keep aggregate."""
 
     probe: ProbeHead
     judge: JudgeHead
+    # Weight of each rubric dimension in the aggregate the keep decision reads (missing: 1).
+    dimension_weights: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def outputs(self) -> dict[str, int]:
+        return {name: layer.out_features for name, layer in self.probe.out.items()}
+
+    def aggregate(self, rubric: str, dimensions_NK: np.ndarray) -> np.ndarray:
+        """The configured aggregate of (N, K) dimension scores (NaN rows stay NaN)."""
+        return rubric_by_name(rubric).aggregate(dimensions_NK, self.dimension_weights)
 
     def eval(self) -> QualityHeads:
         self.probe.eval()

@@ -1,11 +1,13 @@
 """Save and load trained heads with their thresholds and backbone config, under a version hash.
 
 A folder holds `heads.safetensors` (probe.* and judge.* tensors) and `heads.json` (version, backbone
-config, judge config, thresholds, training metrics). The JSON is written last, each file under a
-temporary name renamed into place, so a folder with a JSON is complete.
+config, judge config, output width per rubric, keep aggregate weights, thresholds, training metrics).
+The JSON is written last, each file under a temporary name renamed into place, so a folder with a JSON
+is complete.
 
 The version hashes the tensors and every config field that changes what the heads compute (backbone
-path, layers, token limit, dtype, judge shape), not where they run (device, batch size). Scored rows carry
+path, layers, token limit, dtype, judge shape, aggregate weights), not where they run (device, batch
+size). Scored rows carry
 it, so rescoring can find the rows scored by other heads. Thresholds are stored beside the heads but are
 not hashed: changing them changes decisions, not scores.
 """
@@ -48,9 +50,13 @@ def _tensors(heads: QualityHeads) -> dict[str, torch.Tensor]:
 def heads_version(heads: QualityHeads, backbone_config: BackboneConfig) -> str:
     """16 hex digits of SHA-256 over the heads' tensors and the configs that shape their outputs."""
     backbone = {k: v for k, v in asdict(backbone_config).items() if k not in _RUNTIME_FIELDS}
-    digest = hashlib.sha256(
-        json.dumps({"backbone": backbone, "judge": asdict(heads.judge.config)}, sort_keys=True).encode()
-    )
+    shape = {
+        "backbone": backbone,
+        "judge": asdict(heads.judge.config),
+        "outputs": heads.outputs,
+        "dimension_weights": heads.dimension_weights,
+    }
+    digest = hashlib.sha256(json.dumps(shape, sort_keys=True).encode())
     for name, tensor in sorted(_tensors(heads).items()):
         digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
         digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
@@ -76,9 +82,11 @@ def save_heads(
     version = heads_version(heads, backbone_config)
     meta = {
         "version": version,
-        "hidden_size": heads.probe.linear.in_features,
+        "hidden_size": heads.probe.feature_mean.shape[0],
         "backbone": asdict(backbone_config),
         "judge": asdict(heads.judge.config),
+        "outputs": heads.outputs,
+        "dimension_weights": heads.dimension_weights,
         "thresholds": {source: asdict(t) for source, t in sorted(thresholds.items())},
         "metrics": metrics or {},
     }
@@ -96,13 +104,15 @@ def load_heads(directory: str | Path) -> StoredHeads:
     if not meta_path.is_file():
         raise FileNotFoundError(f"{meta_path} not found: no complete heads were saved in {folder}")
     meta = json.loads(meta_path.read_text())
+    if "outputs" not in meta:
+        raise ValueError(f"{meta_path} was written by heads with one output; materialise quality_heads again")
     tensors = load_file(str(folder / WEIGHTS_FILE))
-    hidden_size = meta["hidden_size"]
-    probe = ProbeHead(hidden_size)
-    judge = JudgeHead(hidden_size, JudgeHeadConfig(**meta["judge"]))
+    hidden_size, outputs = meta["hidden_size"], meta["outputs"]
+    probe = ProbeHead(hidden_size, outputs)
+    judge = JudgeHead(hidden_size, JudgeHeadConfig(**meta["judge"]), outputs)
     probe.load_state_dict({k.removeprefix("probe."): v for k, v in tensors.items() if k.startswith("probe.")})
     judge.load_state_dict({k.removeprefix("judge."): v for k, v in tensors.items() if k.startswith("judge.")})
-    heads = QualityHeads(probe=probe, judge=judge).eval()
+    heads = QualityHeads(probe=probe, judge=judge, dimension_weights=meta["dimension_weights"]).eval()
     backbone_config = BackboneConfig(**meta["backbone"])
     version = heads_version(heads, backbone_config)
     if version != meta["version"]:

@@ -1,28 +1,65 @@
-"""Per-source thresholds for early-exit scoring, calibrated on held-out head predictions.
+"""Per-source thresholds for early-exit scoring, calibrated on the heads' scores of unseen documents.
 
 A document is dropped at the probe when probe < tau_drop (the judge never runs), else kept when
-judge >= tau_keep. See `calibrate_thresholds` for how both are chosen.
+judge >= tau_keep. Both thresholds are properties of the heads' score distributions on a source, not of
+the oracle's labels, so they are calibrated on documents the heads were not trained on, scored by both
+heads, labelled or not: the held-out labels plus a calibration sample of the source.
+
+How many documents: tau_keep is a quantile, and the keep rate it gives on new documents of the source
+is off by about z * sqrt(p (1 - p) / n) for keep rate p and n calibration documents. So each source's
+calibration sample is sized from the configured precision (`calibration_sample_size`): +-0.03 at 95%
+(z = 1.96) and p = 0.7 needs 897 documents. A source smaller than that is calibrated on all of its
+documents: on that source the keep rate is then exact, which `Thresholds.n_calibration` < `n_needed`
+records. There is no pooled calibration across sources: their score distributions differ.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True)
+class CalibrationConfig:
+    # tau_keep: the keep rate on the source's new documents within +- keep_rate_tolerance, at z sigmas.
+    keep_rate_tolerance: float = 0.03
+    z: float = 1.96
+    # tau_drop: at most this share of probe exits would have been kept by the judge ...
+    max_exit_error: float = 0.01
+    # ... at this confidence: the upper end of a one-sided Wilson interval (z sigmas; 0 = point estimate).
+    # 1.28 (90%) rather than less, because tau_drop is the largest threshold that passes, an optimistic
+    # pick: in simulation (tests/test_heads.py) it kept the share on new documents under 1%.
+    exit_z: float = 1.28
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.keep_rate_tolerance < 0.5:
+            raise ValueError(f"keep_rate_tolerance must be in (0, 0.5), got {self.keep_rate_tolerance}")
+        if not 0.0 <= self.max_exit_error < 1.0:
+            raise ValueError(f"max_exit_error must be in [0, 1), got {self.max_exit_error}")
+        if self.z <= 0 or self.exit_z < 0:
+            raise ValueError(f"z must be > 0 and exit_z >= 0, got {self.z}, {self.exit_z}")
+
+
+@dataclass(frozen=True, kw_only=True)
 class Thresholds:
     tau_drop: float
     tau_keep: float
-    # How they were calibrated: on this source's held-out labels ("source") or on all of them ("pooled").
-    basis: str = "source"
-    n_heldout: int = 0
-    # On the calibration set: share of documents leaving at the probe, and share of those the judge drops.
+    rubric: str = "general"  # whose dimension scores the heads output for this source
+    n_calibration: int = 0
+    n_needed: int = 0  # what the configured precision asks for
+    # On the calibration set: share of documents leaving at the probe, and share of those the judge keeps.
     early_exit_rate: float = 0.0
-    exit_precision: float | None = None  # None: nothing exits
+    exit_error: float | None = None  # None: nothing exits
+
+
+def calibration_sample_size(keep_rate: float, config: CalibrationConfig) -> int:
+    """Documents needed for tau_keep to give `keep_rate` within the configured tolerance."""
+    if not 0.0 < keep_rate <= 1.0:
+        raise ValueError(f"keep rate must be in (0, 1], got {keep_rate}")
+    return math.ceil(config.z**2 * keep_rate * (1.0 - keep_rate) / config.keep_rate_tolerance**2)
 
 
 def _keep_threshold(judge: np.ndarray, keep_rate: float) -> float:
@@ -34,99 +71,59 @@ def _keep_threshold(judge: np.ndarray, keep_rate: float) -> float:
     return float((ranked[k - 1] + ranked[k]) / 2)
 
 
-def _wilson_lower(successes: np.ndarray, trials: np.ndarray, z: float) -> np.ndarray:
-    """Lower end of the Wilson score interval for a binomial proportion (one-sided, z sigmas)."""
-    p = successes / trials
+def _wilson_upper(failures: np.ndarray, trials: np.ndarray, z: float) -> np.ndarray:
+    """Upper end of the Wilson score interval for a binomial proportion (one-sided, z sigmas)."""
+    p = failures / trials
     centre = p + z * z / (2 * trials)
     spread = z * np.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials))
-    return (centre - spread) / (1 + z * z / trials)
+    return (centre + spread) / (1 + z * z / trials)
 
 
-def _calibrate(
-    probe: np.ndarray, judge: np.ndarray, keep_rate: float, min_precision: float, z: float
-) -> Thresholds:
-    n = len(probe)
-    tau_keep = _keep_threshold(judge, keep_rate)
-    order = np.argsort(probe, kind="stable")
-    ranked_probe = probe[order]
-    judge_drops = (judge < tau_keep)[order]
-    # Exiting the m lowest-probe documents: how many of them would the judge drop too?
-    exits = np.arange(1, n + 1)
-    precision = np.cumsum(judge_drops) / exits
-    confident = _wilson_lower(np.cumsum(judge_drops), exits, z) >= min_precision
-    cap = math.floor((1.0 - keep_rate) * n)
-    best = 0
-    for m in range(1, cap + 1):
-        separable = m == n or ranked_probe[m - 1] < ranked_probe[m]  # a threshold can split ties only here
-        if confident[m - 1] and separable:
-            best = m
-    if best == 0:
-        return Thresholds(tau_drop=0.0, tau_keep=tau_keep, n_heldout=n, early_exit_rate=0.0)
-    upper = ranked_probe[best] if best < n else min(1.0, ranked_probe[best - 1] + 1e-6)
-    return Thresholds(
-        tau_drop=float((ranked_probe[best - 1] + upper) / 2),
-        tau_keep=tau_keep,
-        n_heldout=n,
-        early_exit_rate=best / n,
-        exit_precision=float(precision[best - 1]),
-    )
-
-
-@dataclass(kw_only=True)
-class CalibrationConfig:
-    """How sure early exit must be; see `calibrate_thresholds`."""
-
-    min_precision: float = 0.95
-    z: float = 1.0
-    min_labels: int = 50
-
-
-def calibrate_thresholds(
+def calibrate_source(
     probe_scores: Sequence[float],
     judge_scores: Sequence[float],
-    sources: Sequence[str],
-    target_keep_rates: Mapping[str, float],
-    *,
-    min_precision: float = 0.95,
-    z: float = 1.0,
-    min_labels: int = 50,
-) -> dict[str, Thresholds]:
-    """Thresholds per source in `target_keep_rates`, from held-out probe and judge scores.
+    keep_rate: float,
+    config: CalibrationConfig,
+    rubric: str = "general",
+) -> Thresholds:
+    """Thresholds for one source from both heads' scores on its calibration documents.
 
-    tau_keep: the judge score above which the source's target share of held-out documents lies, so the
-    judge alone would keep the target rate.
+    tau_keep: the judge score above which `keep_rate` of the documents lie, so the judge alone keeps
+    the target rate.
 
-    tau_drop: early exit must not change decisions, only save compute. Ranking held-out documents by
-    probe score, the exit set for a threshold is every document under it; tau_drop is the largest
-    threshold whose exit set is, with confidence, at least `min_precision` documents the judge drops
-    anyway (judge < tau_keep). Confidence: the lower end of a one-sided Wilson interval (z = 1, about
-    84%) must reach `min_precision`, so a few lucky exits on a small held-out set cannot set the
-    threshold (at the defaults an all-correct exit set needs about 20 documents). The exit set is never
-    larger than the source's drop share (1 - keep rate), since more exits than drops would remove
-    documents the judge keeps. tau_drop sits halfway between the last exited and the next probe score;
-    it is 0 (no early exit) when no threshold qualifies.
-
-    A source with fewer than `min_labels` held-out documents is calibrated on the pooled held-out set of
-    all sources, still at its own keep rate: its own few labels would give a noisy quantile.
+    tau_drop: early exit must save compute without changing decisions. Ranking documents by probe score,
+    the exit set for a threshold is every document under it; tau_drop is the largest threshold whose exit
+    set holds at most `max_exit_error` documents the judge would have kept, at the configured confidence
+    (with exit_z = 1.28 and no such document, about 165 exits are needed before any early exit happens).
+    It sits halfway between the last exited and the next probe score, and is 0 (no early exit) when no
+    threshold qualifies.
     """
     probe = np.asarray(probe_scores, dtype=np.float64)
     judge = np.asarray(judge_scores, dtype=np.float64)
-    labels = np.asarray(sources, dtype=object)
-    if not len(probe) == len(judge) == len(labels):
+    if len(probe) != len(judge):
         raise ValueError(
-            f"calibrate_thresholds needs equal lengths, got {len(probe)} probe, {len(judge)} judge scores "
-            f"and {len(labels)} sources"
+            f"calibrate_source needs equal lengths, got {len(probe)} probe and {len(judge)} judge scores"
         )
-    if len(probe) == 0:
-        raise ValueError("calibrate_thresholds: no held-out predictions to calibrate on")
-    thresholds = {}
-    for source, keep_rate in target_keep_rates.items():
-        if not 0.0 < keep_rate <= 1.0:
-            raise ValueError(f"target keep rate for source {source!r} must be in (0, 1], got {keep_rate}")
-        mine = labels == source
-        if mine.sum() >= min_labels:
-            thresholds[source] = _calibrate(probe[mine], judge[mine], keep_rate, min_precision, z)
-        else:
-            pooled = _calibrate(probe, judge, keep_rate, min_precision, z)
-            thresholds[source] = replace(pooled, basis="pooled")
-    return thresholds
+    needed = calibration_sample_size(keep_rate, config)
+    n = len(probe)
+    if n == 0:
+        raise ValueError("calibrate_source: no scored documents to calibrate on")
+    tau_keep = _keep_threshold(judge, keep_rate)
+    order = np.argsort(probe, kind="stable")
+    ranked_probe = probe[order]
+    exits = np.arange(1, n + 1)
+    wrong = np.cumsum(judge[order] >= tau_keep)  # exits the judge would have kept
+    bound = wrong / exits if config.exit_z == 0 else _wilson_upper(wrong, exits, config.exit_z)
+    separable = np.append(ranked_probe[:-1] < ranked_probe[1:], True)  # a threshold can split here
+    qualifying = np.flatnonzero((bound <= config.max_exit_error) & separable)
+    common = {"tau_keep": tau_keep, "rubric": rubric, "n_calibration": n, "n_needed": needed}
+    if len(qualifying) == 0:
+        return Thresholds(tau_drop=0.0, **common)
+    best = int(qualifying[-1]) + 1  # documents exiting
+    upper = ranked_probe[best] if best < n else min(1.0, ranked_probe[best - 1] + 1e-6)
+    return Thresholds(
+        tau_drop=float((ranked_probe[best - 1] + upper) / 2),
+        early_exit_rate=best / n,
+        exit_error=float(wrong[best - 1] / best),
+        **common,
+    )

@@ -1,28 +1,40 @@
-"""Oracle labelling: rubrics, the oracles that score documents on them, and the sample they label."""
+"""Oracle labelling: rubrics, the oracles that score documents on them, the label cache and the sample."""
 
 from moe_dag.data.oracle.base import (
+    FAILURE_SCHEMA,
     LABEL_SCHEMA,
     LabelRequest,
+    LabelResult,
     Oracle,
     OracleError,
     OracleLabel,
+    failures_to_table,
     labels_to_table,
     make_label,
     requests_from_table,
     table_to_labels,
 )
+from moe_dag.data.oracle.cache import CACHE_STAGE, LabelCache, text_hash
+from moe_dag.data.oracle.labelling import LabellingConfig, LabellingReport, label_documents
 from moe_dag.data.oracle.openai_compatible import OpenAICompatibleConfig, OpenAICompatibleOracle
+from moe_dag.data.oracle.redact import redact
 from moe_dag.data.oracle.rubrics import CODE, GENERAL, PROMPT_VERSION, Rubric, rubric_by_name, rubric_for_kind
 from moe_dag.data.oracle.rules import RuleBasedOracle
-from moe_dag.data.oracle.sample import stratified_sample
+from moe_dag.data.oracle.sample import split_sample, stratified_sample
 from moe_dag.data.oracle.vllm_engine import VLLMEngineConfig, VLLMEngineOracle
 
 __all__ = [
+    "CACHE_STAGE",
     "CODE",
+    "FAILURE_SCHEMA",
     "GENERAL",
     "LABEL_SCHEMA",
     "PROMPT_VERSION",
+    "LabelCache",
     "LabelRequest",
+    "LabelResult",
+    "LabellingConfig",
+    "LabellingReport",
     "OpenAICompatibleConfig",
     "OpenAICompatibleOracle",
     "Oracle",
@@ -32,11 +44,16 @@ __all__ = [
     "RuleBasedOracle",
     "VLLMEngineConfig",
     "VLLMEngineOracle",
+    "failures_to_table",
+    "label_documents",
     "labels_to_table",
     "make_label",
+    "redact",
     "requests_from_table",
     "rubric_by_name",
     "rubric_for_kind",
+    "split_sample",
     "stratified_sample",
     "table_to_labels",
+    "text_hash",
 ]

@@ -6,7 +6,10 @@ verbosity; integers 0-4, arXiv:2406.08673). "code" follows the OpenCoder-style c
 
 A rubric owns everything a label depends on besides the model: the dimensions, the prompt (versioned by
 PROMPT_VERSION, part of the label cache key), the JSON schema used for structured decoding, the
-validation of a reply and the reduction of the scores to a quality in [0, 1] that the heads learn.
+validation of a reply and the reduction of the scores to one number in [0, 1] (`aggregate`), which is
+what keep decisions are made on. The heads learn every dimension, not only the aggregate.
+
+Which rubric a document gets follows its source's kind (`rubric_for_kind`), never the source's name.
 """
 
 from __future__ import annotations
@@ -15,6 +18,10 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
+
+from moe_dag.data.schema import SOURCE_KINDS
 
 # Bump whenever the prompt text, the dimensions or their descriptions change: cached labels made with an
 # older prompt are not comparable.
@@ -49,20 +56,28 @@ class Rubric:
             checked[dim] = value
         return checked
 
-    def quality(self, scores: Mapping[str, Any]) -> float:
-        """Mean of the per-dimension scores, each normalised to [0, 1].
+    def normalise(self, scores: Mapping[str, Any]) -> list[float]:
+        """The validated scores as fractions of the scale, in `dimensions` order."""
+        checked = self.validate(scores)
+        return [checked[dim] / self.max_score for dim in self.dimensions]
+
+    def aggregate(self, normalised_NK: np.ndarray, weights: Mapping[str, float] | None = None) -> np.ndarray:
+        """One number in [0, 1] per row of normalised dimension scores (N, K): their weighted mean.
 
         A centred dimension (verbosity) counts 1 at the middle of its scale and falls linearly to 0 at
         both ends: for pretraining data neither a terse stub nor padded, rambling text is what we want
-        more of, so "more verbose" must not mean "better". Every other dimension counts score / max.
+        more of, so "more verbose" must not mean "better". Every other dimension counts as it is.
+        `weights` maps dimension names to weights (missing: 1), the configured keep aggregate.
         """
-        checked = self.validate(scores)
-        mid = self.max_score / 2
-        parts = [
-            1.0 - abs(value - mid) / mid if dim in self.centred else value / self.max_score
-            for dim, value in checked.items()
-        ]
-        return sum(parts) / len(parts)
+        values_NK = np.asarray(normalised_NK, dtype=np.float64)
+        centred_K = np.array([dim in self.centred for dim in self.dimensions])
+        values_NK = np.where(centred_K, 1.0 - np.abs(2.0 * values_NK - 1.0), values_NK)
+        weights_K = np.array([(weights or {}).get(dim, 1.0) for dim in self.dimensions], dtype=np.float64)
+        return values_NK @ weights_K / weights_K.sum()
+
+    def quality(self, scores: Mapping[str, Any]) -> float:
+        """The equally weighted aggregate of one label's scores."""
+        return float(self.aggregate(np.array([self.normalise(scores)]))[0])
 
     def json_schema(self) -> dict[str, Any]:
         """JSON schema of a reply: one bounded integer per dimension, nothing else."""
@@ -75,8 +90,12 @@ class Rubric:
             "additionalProperties": False,
         }
 
-    def prompt(self, text: str) -> list[dict[str, str]]:
-        """Chat messages asking a model to score `text` on this rubric, replying with JSON only."""
+    def prompt(self, text: str, rejected: str | None = None) -> list[dict[str, str]]:
+        """Chat messages asking a model to score `text` on this rubric, replying with JSON only.
+
+        `rejected` (why an earlier reply was refused) turns the request into a retry: the user message
+        then ends with that reason and the JSON schema, so the retry is not the request that failed.
+        """
         lines = [f"- {dim} (0-{self.max_score}): {self.guidance[dim]}" for dim in self.dimensions]
         example = json.dumps(dict.fromkeys(self.dimensions, self.max_score // 2))  # format only
         system = (
@@ -86,6 +105,11 @@ class Rubric:
             + f"\nReply with a JSON object only, with exactly these keys, for example {example}."
         )
         user = f"Document:\n<document>\n{text}\n</document>"
+        if rejected is not None:
+            user += (
+                f"\n\nAn earlier reply to this request was rejected ({rejected[:300]}). Reply with one JSON "
+                f"object only, matching this JSON schema: {json.dumps(self.json_schema(), sort_keys=True)}"
+            )
         return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
     def parse_reply(self, reply: str) -> dict[str, int]:
@@ -139,7 +163,9 @@ RUBRICS = {rubric.name: rubric for rubric in (GENERAL, CODE)}
 
 
 def rubric_for_kind(kind: str) -> Rubric:
-    """The code rubric for "code"; the general rubric for every other kind of document."""
+    """The code rubric for sources of kind "code"; the general rubric for every other source kind."""
+    if kind not in SOURCE_KINDS:
+        raise ValueError(f"unknown source kind {kind!r}; kinds: {list(SOURCE_KINDS)}")
     return CODE if kind == "code" else GENERAL
 
 

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
-from moe_dag.data.oracle.base import LabelRequest, OracleLabel, make_label
+from moe_dag.data.oracle.base import LabelRequest, LabelResult, make_label
 from moe_dag.data.oracle.rubrics import CODE, GENERAL, rubric_by_name
 
 _WORD = re.compile(r"[^\W\d_]+(?:'[^\W\d_]+)?")
@@ -182,7 +182,7 @@ class RuleBasedOracle:
 
     model_name = "rules-v1"
 
-    def label(self, requests: Sequence[LabelRequest]) -> list[OracleLabel]:
-        return [
-            make_label(r, _SCORERS[rubric_by_name(r.rubric).name](r.text), self.model_name) for r in requests
-        ]
+    def label(self, requests: Sequence[LabelRequest]) -> Iterator[LabelResult]:
+        for request in requests:
+            scores = _SCORERS[rubric_by_name(request.rubric).name](request.text)
+            yield LabelResult(request, make_label(request, scores, self.model_name))

@@ -8,6 +8,9 @@ on the held-out part of this sample hit keep rates that hold on the whole source
 
 Deterministic for a seed, and independent of row order (ties in length are broken by document id), so a
 rerun over the same documents read in a different shard order labels the same sample.
+
+`split_sample` draws, from one source's documents, the sample to label and, from the rest, the
+calibration sample that thresholds are set on (scored by the heads, never labelled).
 """
 
 from __future__ import annotations
@@ -51,3 +54,14 @@ def stratified_sample(table: pa.Table, per_source: int, seed: int, *, length_buc
         quotas = _largest_remainder(per_source, [len(b) for b in buckets])
         chosen.extend(rng.choice(b, q, replace=False) for b, q in zip(buckets, quotas, strict=True))
     return table.take(np.sort(np.concatenate(chosen)) if chosen else np.array([], dtype=np.int64))
+
+
+def split_sample(
+    documents: pa.Table, labelled: int, calibration: int, seed: int
+) -> tuple[pa.Table, pa.Table]:
+    """(documents to label, disjoint documents to calibrate on), each stratified by length per source."""
+    to_label = stratified_sample(documents, per_source=labelled, seed=seed)
+    rest = documents.filter(pc.invert(pc.is_in(documents["id"], value_set=to_label["id"].combine_chunks())))
+    if calibration < 1 or rest.num_rows == 0:
+        return to_label, rest.slice(0, 0)
+    return to_label, stratified_sample(rest, per_source=calibration, seed=seed + 1)
