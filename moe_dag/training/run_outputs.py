@@ -2,7 +2,8 @@
 
 - `metrics.jsonl`: one JSON object per optimizer step (step, loss, lr, grad_norm, tokens_per_s,
   load_imbalance: max/mean expert load per MoE layer). On resume, lines after the checkpoint's step
-  are dropped first, so a rerun rewrites exactly the steps it redoes.
+  are dropped first, so a rerun rewrites exactly the steps it redoes. A process killed while appending
+  leaves a torn last line (no newline): reading skips it and truncating cuts it off.
 - `summary.json`: final loss, steps, tokens, time, parameter counts, the config.
 - `loss.png`: the training loss curve.
 """
@@ -10,10 +11,13 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 from matplotlib.figure import Figure
+
+log = logging.getLogger(__name__)
 
 
 class MetricsLog:
@@ -21,9 +25,24 @@ class MetricsLog:
         self.path = Path(path)
 
     def read(self) -> list[dict[str, Any]]:
+        """Every complete record. A torn last line is skipped; a bad line anywhere else is an error."""
         if not self.path.exists():
             return []
-        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        text = self.path.read_text()
+        lines = text.split("\n")
+        # Each record is written with its newline in one call, so only a torn write lacks it.
+        torn = lines.pop()
+        if torn.strip():
+            log.warning("%s: ignoring a torn last line (%d characters)", self.path, len(torn))
+        records = []
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{self.path} line {number}: not a JSON record ({error})") from error
+        return records
 
     def truncate_after(self, step: int) -> None:
         kept = [record for record in self.read() if record["step"] <= step]
