@@ -24,6 +24,7 @@ STAGES: list[tuple[list[str], bool]] = [
     (["oracle_sample", "oracle_labels", "quality_heads"], False),
     (["scored_documents"], True),
     (["document_catalog", "tokenizer", "tokenized_mixture", "moe_proxy", "proxy_eval"], False),
+    (["unfiltered_mixture", "curation_gain", "moe_gain"], False),
 ]
 
 

@@ -3,14 +3,22 @@ last line of metrics.jsonl does not block resume. Kill tests kill real processes
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from test_trainer import SEQ_LEN, fast_config, write_mixture
 
+from moe_dag.config import DEFAULT_CONFIG
 from moe_dag.training.run_outputs import MetricsLog
 from moe_dag.training.trainer import train
 
@@ -55,3 +63,123 @@ def test_a_run_killed_mid_line_resumes_to_the_uninterrupted_metrics(data: Path, 
     resumed = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5, 6]
     assert [r["loss"] for r in resumed] == [r["loss"] for r in uninterrupted]
+
+
+# ------------------------------------------------- item 2: an orphaned trainer, a second writer
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, dead but not yet reaped by whoever adopted it, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, queue = [], [pid]
+    while queue:
+        for child in children.get(queue.pop(), []):
+            found.append(child)
+            queue.append(child)
+    return found
+
+
+def _wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.2)
+
+
+def _kill_all(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _has_metrics(run_dir_glob: str, root: Path) -> bool:
+    return any(path.stat().st_size > 0 for path in root.glob(run_dir_glob))
+
+
+LAUNCH_MOE_PROXY = """
+import sys
+import dagster as dg
+from moe_dag.assets.training import moe_proxy
+from moe_dag.resources import PipelineResource
+dg.materialize([moe_proxy], resources={"pipeline": PipelineResource(config_path=sys.argv[1])})
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_killing_the_dagster_process_kills_its_trainer(data: Path, tmp_path: Path, nproc: int) -> None:
+    """kill -9 of the process materialising moe_proxy takes the trainer (and torchrun's workers) with it;
+    the rerun then resumes in the same run folder with every step logged once."""
+    lake = tmp_path / "lake"
+    shutil.copytree(data, lake / "tokenized_mixture")
+    raw = yaml.safe_load(Path(DEFAULT_CONFIG).read_text())
+    raw["lake_root"], raw["catalog_path"] = str(lake), str(tmp_path / "catalog.duckdb")
+    overrides = {"train.num_threads": 1, "train.checkpoint_every": 5}
+    raw["training"] = {"preset": "tiny", "steps": 100_000, "nproc_per_node": nproc, "overrides": overrides}
+    config_path = tmp_path / "pipeline.yaml"
+    config_path.write_text(yaml.safe_dump(raw))
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    dagster = subprocess.Popen(
+        [sys.executable, "-c", LAUNCH_MOE_PROXY, str(config_path)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    trainers: list[int] = []
+    try:
+        _wait_for(lambda: _has_metrics("moe_proxy/*/metrics.jsonl", lake), 180, "training to start")
+        trainers = _descendants(dagster.pid)
+        assert len(trainers) >= nproc
+        dagster.kill()
+        dagster.wait()
+        _wait_for(lambda: not any(map(_alive, trainers)), 30, f"trainers {trainers} to die")
+    finally:
+        dagster.kill()
+        _kill_all(trainers)
+
+    run_dir = next(lake.glob("moe_proxy/*/metrics.jsonl")).parent
+    finished = MetricsLog(run_dir / "metrics.jsonl").read()[-1]["step"]
+    command = [sys.executable, "-m", "moe_dag.training", "--data", str(lake / "tokenized_mixture")]
+    command += ["--out", str(run_dir), "--preset", "tiny", "--steps", str(finished + 3)]
+    command += ["--set", "train.num_threads=1"]
+    subprocess.run(command, env=env, check=True, capture_output=True, timeout=120)
+    steps = [record["step"] for record in MetricsLog(run_dir / "metrics.jsonl").read()]
+    assert steps == list(range(1, finished + 4))
+
+
+@pytest.mark.slow
+def test_a_second_trainer_in_a_busy_run_folder_is_refused(data: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "moe_dag.training", "--data", str(data), "--out", str(out)]
+    command += ["--preset", "tiny", "--set", "train.num_threads=1"]
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    first = subprocess.Popen(
+        [*command, "--steps", "100000"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        _wait_for(lambda: _has_metrics("metrics.jsonl", out), 120, "the first trainer to start")
+        second = subprocess.run(
+            [*command, "--steps", "3"], env=env, capture_output=True, text=True, timeout=120, check=False
+        )
+    finally:
+        first.kill()
+        first.wait()
+    assert second.returncode != 0
+    assert f"{out} is in use by another trainer (pid {first.pid}" in second.stderr
+    steps = [record["step"] for record in MetricsLog(out / "metrics.jsonl").read()]
+    assert steps == list(range(1, len(steps) + 1))

@@ -58,43 +58,45 @@ def fast_config(steps: int, **train_changes: object) -> Config:
     )
 
 
-def test_batches_are_deterministic_disjoint_per_rank_and_resumable(repeating_data: Path) -> None:
-    def stream(seed: int, rank: int = 0, world_size: int = 1, batch_size: int = 4) -> TrainBatches:
-        return TrainBatches(
-            repeating_data, batch_size=batch_size, seed=seed, rank=rank, world_size=world_size
-        )
+def test_batches_read_rows_in_file_order_disjoint_per_rank_and_resumable(repeating_data: Path) -> None:
+    def stream(rank: int = 0, world_size: int = 1, batch_size: int = 4) -> TrainBatches:
+        return TrainBatches(repeating_data, batch_size=batch_size, rank=rank, world_size=world_size)
 
-    single = stream(seed=1, batch_size=8)
-    ranks = [stream(seed=1, rank=r, world_size=2) for r in range(2)]
-    for _ in range(5):  # 5 x 8 sequences crosses the 24-sequence epoch boundary
+    rows = torch.from_numpy(np.load(repeating_data / "train.npy").astype(np.int64))
+    single = stream(batch_size=8)
+    ranks = [stream(rank=r, world_size=2) for r in range(2)]
+    for step in range(5):  # 5 x 8 rows crosses the end of the 24-row file: it starts again from row 0
         inputs, targets = single.next_batch()
+        expected = rows[[(step * 8 + i) % 24 for i in range(8)]]
+        torch.testing.assert_close(inputs, expected[:, :-1])
+        torch.testing.assert_close(targets, expected[:, 1:])
         parts = [r.next_batch() for r in ranks]
         torch.testing.assert_close(torch.cat([p[0] for p in parts]), inputs)
         torch.testing.assert_close(torch.cat([p[1] for p in parts]), targets)
-        torch.testing.assert_close(inputs[:, 1:], targets[:, :-1])
-        assert inputs.dtype == torch.int64 and inputs.shape == (8, SEQ_LEN)
 
-    first, second = stream(seed=1), stream(seed=1)
+    first, second = stream(), stream()
     first.next_batch()
     second.load_state_dict(first.state_dict())
     torch.testing.assert_close(second.next_batch()[0], first.next_batch()[0])
-    assert not torch.equal(stream(seed=1).next_batch()[0], stream(seed=2).next_batch()[0])
+    other_mixture = {**first.state_dict(), "num_sequences": 25}
+    with pytest.raises(ValueError, match="mixture of 25 sequences, this one has 24"):
+        second.load_state_dict(other_mixture)
 
 
 def test_a_malformed_mixture_is_reported_with_its_file(tmp_path: Path) -> None:
     rows = np.zeros((4, SEQ_LEN + 1))
     data = write_mixture(tmp_path / "wrong_dtype", rows, dtype=np.int64)
     with pytest.raises(ValueError, match="train.npy: dtype int64"):
-        TrainBatches(data, batch_size=2, seed=0)
+        TrainBatches(data, batch_size=2)
     data = write_mixture(tmp_path / "wrong_shape", rows)
     (data / "mixture.json").write_text(
         json.dumps({"seq_len": 16, "vocab_size": 8, "eos_id": 0, "num_sequences": 4})
     )
     with pytest.raises(ValueError, match=r"train.npy: shape \(4, 33\)"):
-        TrainBatches(data, batch_size=2, seed=0)
+        TrainBatches(data, batch_size=2)
     (data / "mixture.json").write_text(json.dumps({"seq_len": 32}))
     with pytest.raises(ValueError, match=r"mixture.json: missing keys \['vocab_size'"):
-        TrainBatches(data, batch_size=2, seed=0)
+        TrainBatches(data, batch_size=2)
 
 
 def test_every_parameter_lands_in_exactly_one_optimizer_group() -> None:
@@ -201,7 +203,15 @@ def test_command_line_trains_and_writes_every_output(repeating_data: Path, tmp_p
     assert summary["params"]["total"] == sum(summary["params"]["groups"].values())
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(1, 7))
-    assert set(records[0]) == {"step", "loss", "lr", "grad_norm", "tokens_per_s", "load_imbalance"}
+    assert set(records[0]) == {
+        "step",
+        "loss",
+        "lr",
+        "grad_norm",
+        "tokens_per_s",
+        "load_imbalance",
+        "source_shares",
+    }
     assert len(records[0]["load_imbalance"]) == 1  # tiny has one MoE layer
     assert (out / "loss.png").read_bytes()[:4] == b"\x89PNG"
     assert [p.name for p in list_checkpoints(out)] == ["step_3", "step_6"]

@@ -1,9 +1,10 @@
-"""tokenizer and tokenized_mixture: a BPE tokenizer on the kept documents, then packed token sequences."""
+"""tokenizer and tokenized_mixture: a BPE tokenizer on the kept training documents, then packed token
+sequences and the held-out documents."""
 
 import dagster as dg
 
 from moe_dag.assets.plots import bars_png, png_markdown
-from moe_dag.data.mixture import build_mixture
+from moe_dag.data.mixture import build_mixture, training_documents
 from moe_dag.data.schema import kept_rows
 from moe_dag.data.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
 from moe_dag.resources import PipelineResource
@@ -20,14 +21,22 @@ def _kept_scored(pipeline: PipelineResource) -> dict:
 
 @dg.asset(group_name="training", kinds={"huggingface"}, deps=["scored_documents"])
 def tokenizer(pipeline: PipelineResource) -> dg.MaterializeResult:
-    """A byte-level BPE tokenizer trained on every kept document."""
-    documents = _kept_scored(pipeline)
+    """A byte-level BPE tokenizer trained on the kept documents of training: the documents the mixture
+    holds out for evaluation (the same split, computed from the same config) never reach it."""
+    mixture = pipeline.config.mixture
+    documents = training_documents(
+        _kept_scored(pipeline), mixture.heldout_fraction, mixture.heldout_min_documents
+    )
     texts = (text for table in documents.values() for text in table["text"].to_pylist())
     trained = train_tokenizer(texts, pipeline.config.tokenizer)
     path = pipeline.lake.artifact_dir("tokenizer") / TOKENIZER_FILE
     save_tokenizer(trained, path)
     return dg.MaterializeResult(
-        metadata={"vocab_size": trained.get_vocab_size(), "path": dg.MetadataValue.path(str(path))}
+        metadata={
+            "vocab_size": trained.get_vocab_size(),
+            "training_documents": sum(table.num_rows for table in documents.values()),
+            "path": dg.MetadataValue.path(str(path)),
+        }
     )
 
 

@@ -1,23 +1,32 @@
-"""Reads the tokenized mixture that the data room writes, and serves deterministic training batches.
+"""Reads the tokenized mixture that the data room writes, and serves training batches in its order.
 
-The contract (written by `moe_dag.data`), under one data directory:
+The contract (written by `moe_dag.data.mixture.build`), under one data directory:
 
-- `mixture.json`: at least `seq_len`, `vocab_size`, `eos_id`, `num_sequences`.
+- `mixture.json`: at least `seq_len`, `vocab_size`, `eos_id`, `num_sequences`; `source_columns` (the
+  source names, in the column order of `train_source_tokens.npy`) when that file is present; optionally
+  `sources: {name: {target_share, ...}}`, drawn beside the shares trained on.
 - `train.npy`: uint16 or uint32, shape [num_sequences, seq_len + 1]; a row gives inputs row[:-1] and
-  targets row[1:]. Opened memory-mapped, so the file can be larger than memory.
+  targets row[1:]. Rows are the sampler's document stream cut into consecutive pieces, so every prefix
+  of rows keeps each source within about one document of its target share. Opened memory-mapped, so
+  the file can be larger than memory.
+- `train_source_tokens.npy` (optional): int32, shape [num_sequences, number of sources]: how many of
+  each row's tokens came from each source. Lets the trainer log the shares it has trained on.
 - `heldout.parquet`: columns source, id, tokens (list<int32>, ending with EOS), num_bytes (UTF-8 bytes
   of the document's text).
 
-Batches: one endless stream of sequence indices, each epoch a fresh permutation seeded by (seed, epoch).
-Each optimizer micro-step takes the next batch_size * world_size indices; rank r reads its own disjoint
-batch_size of them. The stream position (`consumed`) is the whole state, so resuming is exact, and
-the global order does not depend on the number of ranks.
+Batches: the rows in file order, never shuffled (shuffling would break the per-prefix shares the
+sampler guarantees; the sampler's seeded document order is the randomness). Optimizer micro-step k
+takes rows [k * B * W, (k + 1) * B * W) for batch size B and W ranks; rank r reads its own disjoint B of
+them, so the global order does not depend on the number of ranks. Past the last row the stream starts
+again from the first (each pass has the same shares). The stream position (`consumed`) is the whole
+state and is saved in every checkpoint, so resuming continues the same order exactly.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +34,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 
+log = logging.getLogger(__name__)
+
 _REQUIRED_KEYS = ("seq_len", "vocab_size", "eos_id", "num_sequences")
+SOURCE_TOKENS_FILE = "train_source_tokens.npy"
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -34,6 +46,8 @@ class MixtureInfo:
     vocab_size: int
     eos_id: int
     num_sequences: int
+    source_columns: tuple[str, ...] = ()
+    target_shares: dict[str, float] = field(default_factory=dict)
 
 
 def read_mixture(data_dir: Path) -> MixtureInfo:
@@ -44,7 +58,9 @@ def read_mixture(data_dir: Path) -> MixtureInfo:
     missing = [key for key in _REQUIRED_KEYS if key not in raw]
     if missing:
         raise ValueError(f"{path}: missing keys {missing}")
-    return MixtureInfo(**{key: int(raw[key]) for key in _REQUIRED_KEYS})
+    sizes = {key: int(raw[key]) for key in _REQUIRED_KEYS}
+    targets = {name: float(row["target_share"]) for name, row in raw.get("sources", {}).items()}
+    return MixtureInfo(**sizes, source_columns=tuple(raw.get("source_columns", ())), target_shares=targets)
 
 
 def open_train_tokens(data_dir: Path, info: MixtureInfo) -> np.ndarray:
@@ -62,6 +78,20 @@ def open_train_tokens(data_dir: Path, info: MixtureInfo) -> np.ndarray:
     return tokens
 
 
+def open_source_tokens(data_dir: Path, info: MixtureInfo) -> np.ndarray | None:
+    """Tokens per (row, source) of train.npy, or None for a mixture written without them."""
+    path = Path(data_dir) / SOURCE_TOKENS_FILE
+    if not path.exists():
+        return None
+    counts = np.load(path, mmap_mode="r")
+    expected = (info.num_sequences, len(info.source_columns))
+    if counts.shape != expected:
+        raise ValueError(
+            f"{path}: shape {counts.shape}, mixture.json says {expected} (num_sequences, source_columns)"
+        )
+    return counts
+
+
 def read_heldout(data_dir: Path) -> dict[str, list[Any]]:
     """The held-out documents as columns: source, id, tokens, num_bytes."""
     path = Path(data_dir) / "heldout.parquet"
@@ -75,39 +105,65 @@ def read_heldout(data_dir: Path) -> dict[str, list[Any]]:
 
 
 class TrainBatches:
-    """(inputs_BS, targets_BS) int64 batches for one data-parallel rank, deterministic for a seed."""
+    """(inputs_BS, targets_BS) int64 batches for one data-parallel rank, rows in the mixture's order."""
 
-    def __init__(
-        self, data_dir: Path, *, batch_size: int, seed: int, rank: int = 0, world_size: int = 1
-    ) -> None:
+    def __init__(self, data_dir: Path, *, batch_size: int, rank: int = 0, world_size: int = 1) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"data-parallel rank {rank} is outside world size {world_size}")
         self.info = read_mixture(data_dir)
         if self.info.num_sequences < 1:
             raise ValueError(f"{Path(data_dir) / 'mixture.json'}: num_sequences is 0, nothing to train on")
         self.tokens = open_train_tokens(data_dir, self.info)
-        self.batch_size, self.seed, self.rank, self.world_size = batch_size, seed, rank, world_size
-        self.consumed = 0  # sequences taken from the global stream by all ranks together
-        self._epoch, self._permutation = -1, np.empty(0, dtype=np.int64)
+        self.source_tokens = open_source_tokens(data_dir, self.info)
+        self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
+        self.consumed = 0  # rows taken from the global stream by all ranks together
+        self._trained_source_tokens = np.zeros(len(self.info.source_columns), dtype=np.int64)
 
-    def _index(self, position: int) -> int:
-        epoch, offset = divmod(position, self.info.num_sequences)
-        if epoch != self._epoch:
-            rng = np.random.default_rng([self.seed, epoch])
-            self._epoch, self._permutation = epoch, rng.permutation(self.info.num_sequences)
-        return int(self._permutation[offset])
+    def warn_if_repeating(self, micro_steps: int) -> None:
+        rows = micro_steps * self.batch_size * self.world_size
+        if rows > self.info.num_sequences:
+            log.warning(
+                "the run reads %d rows, the mixture holds %d: it will pass over train.npy %.2f times",
+                rows,
+                self.info.num_sequences,
+                rows / self.info.num_sequences,
+            )
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        start = self.consumed + self.rank * self.batch_size
-        rows = [self._index(position) for position in range(start, start + self.batch_size)]
-        self.consumed += self.batch_size * self.world_size
-        batch_BS = torch.from_numpy(self.tokens[rows].astype(np.int64))
+        step_rows = self._rows(self.consumed, self.batch_size * self.world_size)
+        mine = step_rows[self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
+        if self.source_tokens is not None:
+            self._trained_source_tokens += self.source_tokens[step_rows].sum(axis=0, dtype=np.int64)
+        self.consumed += len(step_rows)
+        batch_BS = torch.from_numpy(self.tokens[mine].astype(np.int64))
         return batch_BS[:, :-1], batch_BS[:, 1:]
 
+    def _rows(self, start: int, count: int) -> np.ndarray:
+        return np.arange(start, start + count) % self.info.num_sequences
+
+    def source_shares(self) -> dict[str, float]:
+        """Each source's share of the tokens trained on so far, by all ranks; empty without the counts."""
+        total = int(self._trained_source_tokens.sum())
+        if total == 0:
+            return {}
+        return {
+            name: int(count) / total
+            for name, count in zip(self.info.source_columns, self._trained_source_tokens, strict=True)
+        }
+
     def state_dict(self) -> dict[str, int]:
-        return {"seed": self.seed, "consumed": self.consumed}
+        return {"consumed": self.consumed, "num_sequences": self.info.num_sequences}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        if state["seed"] != self.seed:
-            raise ValueError(f"checkpoint data seed {state['seed']} differs from train.seed {self.seed}")
+        if state.get("num_sequences") != self.info.num_sequences:
+            raise ValueError(
+                f"the checkpoint read a mixture of {state.get('num_sequences')} sequences, this one has "
+                f"{self.info.num_sequences}; train on another mixture in a fresh --out directory"
+            )
         self.consumed = state["consumed"]
+        if self.source_tokens is not None:
+            passes, rest = divmod(self.consumed, self.info.num_sequences)
+            whole = self.source_tokens.sum(axis=0, dtype=np.int64)
+            self._trained_source_tokens = passes * whole + self.source_tokens[:rest].sum(
+                axis=0, dtype=np.int64
+            )
