@@ -311,3 +311,20 @@ def test_every_step_trains_on_the_target_shares_and_resuming_keeps_the_order(
     assert [(r["loss"], r["source_shares"]) for r in resumed] == [
         (r["loss"], r["source_shares"]) for r in records
     ]
+
+
+def test_the_training_room_imports_neither_dagster_nor_its_pipes_outside_dagster() -> None:
+    """`python -m moe_dag.training` runs where Dagster is not installed; dagster_pipes is loaded only
+    when a Pipes client launched the process."""
+    modules = [
+        "moe_dag.training.__main__",
+        "moe_dag.training.trainer",
+        "moe_dag.training.evaluate",
+        "moe_dag.training.compare",
+        "moe_dag.training.baselines",
+    ]
+    code = f"import sys\nfor m in {modules}: __import__(m)\n"
+    code += "print(sorted({m.split('.')[0] for m in sys.modules} & {'dagster', 'dagster_pipes'}))"
+    env = {key: value for key, value in os.environ.items() if not key.startswith("DAGSTER_PIPES")}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert result.stdout.strip() == "[]"
