@@ -56,8 +56,11 @@ def pipeline_config(tmp_path: Path) -> Path:
     return path
 
 
-def materialize(assets: list, config_path: Path) -> dg.ExecuteInProcessResult:
-    return dg.materialize(assets, resources={"pipeline": PipelineResource(config_path=str(config_path))})
+def materialize(
+    assets: list, config_path: Path, instance: dg.DagsterInstance | None = None
+) -> dg.ExecuteInProcessResult:
+    resources = {"pipeline": PipelineResource(config_path=str(config_path))}
+    return dg.materialize(assets, resources=resources, instance=instance)
 
 
 def test_the_tokenizer_never_sees_a_heldout_document(pipeline_config: Path) -> None:
@@ -78,7 +81,10 @@ def test_the_tokenizer_never_sees_a_heldout_document(pipeline_config: Path) -> N
 def test_moe_proxy_reports_through_pipes_and_proxy_eval_publishes_intervals(pipeline_config: Path) -> None:
     config = load_config(pipeline_config)
     materialize([tokenizer, tokenized_mixture], pipeline_config)
-    result = materialize([moe_proxy, proxy_eval, moe_gain], pipeline_config)
+    instance = dg.DagsterInstance.ephemeral()
+    result = materialize([moe_proxy, proxy_eval, moe_gain], pipeline_config, instance)
+    messages = [entry.user_message for entry in instance.all_logs(result.run_id)]
+    assert any("step 5/8  loss" in message for message in messages)  # progress, streamed through Pipes
 
     trained = result.asset_materializations_for_node("moe_proxy")[0].metadata
     assert trained["steps"].value == 8 and trained["device"].value == "cpu"
