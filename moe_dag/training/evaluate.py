@@ -96,8 +96,7 @@ def summarize(
         for source in sorted(set(sources))
         if (mask := sources_N == source).any()
     }
-    overall = _figures(nll_N, tokens_N, bytes_N, sources_N, seed) if len(sources) else None
-    return {"overall": overall, "sources": per_source}
+    return {"overall": _figures(nll_N, tokens_N, bytes_N, sources_N, seed), "sources": per_source}
 
 
 def _figures(
@@ -136,7 +135,7 @@ def evaluate_model(
     bytes_N = np.array(heldout["num_bytes"], dtype=np.int64)
     per_document = {
         "source": list(heldout["source"]),
-        "id": list(heldout.get("id", range(len(nll_N)))),
+        "id": list(heldout["id"]),
         "nll_nats": nll_N.tolist(),
         "tokens": tokens_N.tolist(),
         "num_bytes": bytes_N.tolist(),
@@ -152,6 +151,11 @@ def evaluate_checkpoint(
     device: torch.device | str = "cpu",
 ) -> dict[str, Any]:
     """Evaluate a trained checkpoint (`<out>/checkpoints/step_<N>`) on `<data_dir>/heldout.parquet`."""
+    heldout = read_heldout(data_dir)
+    if not heldout["source"]:
+        raise ValueError(
+            f"{data_dir}/heldout.parquet holds no documents to evaluate on (mixture.heldout_min_documents 0?)"
+        )
     model, config = load_model(checkpoint_dir, device)
     mixture = read_mixture(data_dir)
     if mixture.vocab_size != config.model.vocab_size:
@@ -161,7 +165,7 @@ def evaluate_checkpoint(
         )
     results = evaluate_model(
         model,
-        read_heldout(data_dir),
+        heldout,
         seq_len=config.model.seq_len,
         eos_id=mixture.eos_id,
         batch_size=batch_size,
