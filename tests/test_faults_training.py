@@ -19,6 +19,7 @@ import yaml
 from test_trainer import SEQ_LEN, fast_config, write_mixture
 
 from moe_dag.config import DEFAULT_CONFIG
+from moe_dag.training.run_lock import RunFolderInUse, run_lock
 from moe_dag.training.run_outputs import MetricsLog
 from moe_dag.training.trainer import train
 
@@ -183,3 +184,59 @@ def test_a_second_trainer_in_a_busy_run_folder_is_refused(data: Path, tmp_path: 
     assert f"{out} is in use by another trainer (pid {first.pid}" in second.stderr
     steps = [record["step"] for record in MetricsLog(out / "metrics.jsonl").read()]
     assert steps == list(range(1, len(steps) + 1))
+
+
+CHILD = """
+import time
+from moe_dag.training.lifeline import die_with_launcher
+die_with_launcher()
+print("ready", flush=True)
+time.sleep(120)
+"""
+PARENT = """
+import os, subprocess, sys
+from moe_dag.training.lifeline import launcher_env
+env = {**os.environ, **(launcher_env() if sys.argv[1] == "tied" else {})}
+child = subprocess.Popen([sys.executable, "-c", sys.argv[2]], env=env, stdout=subprocess.PIPE, text=True)
+child.stdout.readline()
+print(child.pid, flush=True)
+child.wait()
+"""
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_child_dies_with_its_launcher_only_when_the_launcher_asks(tied: bool) -> None:
+    """With $MOE_DAG_LAUNCHER_PID the child gets SIGKILL when its parent is killed; without it (a run
+    started by hand, under nohup say) the child outlives its parent as any process does."""
+    mode = "tied" if tied else "free"
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, mode, CHILD], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    try:
+        parent.kill()
+        parent.wait()
+        if tied:
+            _wait_for(lambda: not _alive(child), 10, "the child to die")
+        else:
+            time.sleep(1)
+            assert _alive(child)
+    finally:
+        _kill_all([child])
+
+
+def test_a_child_whose_launcher_is_already_gone_does_not_start() -> None:
+    env = {**os.environ, "MOE_DAG_LAUNCHER_PID": "1"}  # not our parent: as if the launcher had died
+    result = subprocess.run(
+        [sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode != 0 and "exited before training started" in result.stderr
+
+
+def test_the_run_lock_refuses_a_second_holder_and_frees_itself(tmp_path: Path) -> None:
+    with (
+        run_lock(tmp_path),
+        pytest.raises(RunFolderInUse, match=rf"{tmp_path} is in use by another trainer \(pid {os.getpid()}"),
+        run_lock(tmp_path),
+    ):
+        pass
+    with run_lock(tmp_path):  # released on leaving the block
+        pass

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from moe_dag.training.config import PRESETS, apply_overrides, preset
-from moe_dag.training.lifeline import die_with_launcher
+from moe_dag.training.lifeline import die_with_launcher, launcher_env
 from moe_dag.training.pipes_report import Reporter, pipes_reporter
 from moe_dag.training.run_lock import RunFolderInUse
 
@@ -81,6 +81,7 @@ def _launch_workers(nproc_per_node: int, argv: list[str]) -> int:
     """torchrun's launcher, in this process: it inherits the lifeline and passes it on to the workers."""
     from torch.distributed import run as torchrun
 
+    os.environ.update(launcher_env())  # every worker dies with this process, however it ends
     worker_argv = _without_option(argv, NPROC_OPTION)
     # A standalone rendezvous picks a free port, so several single-node runs can share a machine.
     torchrun.main(

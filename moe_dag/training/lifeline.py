@@ -30,7 +30,7 @@ def launcher_env() -> dict[str, str]:
 
 
 def die_with_launcher() -> None:
-    """If $MOE_DAG_LAUNCHER_PID names our parent, die with it; then name ourselves for our children."""
+    """If $MOE_DAG_LAUNCHER_PID is set, die with our parent, and stop now if it is no longer that pid."""
     launcher = os.environ.get(LAUNCHER_PID_ENV)
     if launcher is None:
         return
@@ -40,4 +40,3 @@ def die_with_launcher() -> None:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
         if os.getppid() != int(launcher):
             raise SystemExit(f"the launcher (pid {launcher}) exited before training started; not training")
-    os.environ.update(launcher_env())
