@@ -16,6 +16,8 @@ from moe_dag.definitions import build_definitions
 # Step events stay in the instance (and the UI); the console shows what the assets log themselves.
 QUIET_CONSOLE = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 
+# Two more training runs: skipped when the config says `comparisons: false`.
+COMPARISONS = ["unfiltered_mixture", "curation_gain", "moe_gain"]
 # (assets, per source?) in dependency order.
 STAGES: list[tuple[list[str], bool]] = [
     (["raw_documents", "prefiltered", "minhash_signatures"], True),
@@ -24,7 +26,7 @@ STAGES: list[tuple[list[str], bool]] = [
     (["oracle_sample", "oracle_labels", "quality_heads"], False),
     (["scored_documents"], True),
     (["document_catalog", "tokenizer", "tokenized_mixture", "moe_proxy", "proxy_eval"], False),
-    (["unfiltered_mixture", "curation_gain", "moe_gain"], False),
+    (COMPARISONS, False),
 ]
 
 
@@ -33,11 +35,14 @@ def materialize_all(
 ) -> float:
     """Run every asset for every source; raises on the first failed run. Returns wall seconds."""
     definitions = build_definitions(config_path)
-    sources = definitions.resources["pipeline"].config.source_names
+    config = definitions.resources["pipeline"].config
     assets = list(definitions.assets)
     started = time.perf_counter()
     for keys, per_source in STAGES:
-        for partition in sources if per_source else [None]:
+        if keys is COMPARISONS and not config.comparisons:
+            log(f"{', '.join(keys)}: skipped (comparisons: false in {config.path})")
+            continue
+        for partition in config.source_names if per_source else [None]:
             stage_started = time.perf_counter()
             result = dg.materialize(
                 assets,

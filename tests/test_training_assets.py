@@ -108,3 +108,18 @@ def test_moe_proxy_reports_through_pipes_and_proxy_eval_publishes_intervals(pipe
     dense = json.loads((dense_run / "summary.json").read_text())
     assert dense["params"]["groups"].get("routed_experts") is None
     assert dense["params"]["active"] == pytest.approx(trained["active_params"].value, rel=0.02)
+
+
+def test_the_comparisons_can_be_left_out_of_a_whole_run(
+    pipeline_config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from moe_dag import pipeline
+
+    raw = yaml.safe_load(pipeline_config.read_text())
+    pipeline_config.write_text(yaml.safe_dump({**raw, "comparisons": False}))
+    monkeypatch.setattr(pipeline, "STAGES", [(pipeline.COMPARISONS, False)])
+    said: list[str] = []
+    pipeline.materialize_all(str(pipeline_config), log=said.append)
+    assert said == [
+        f"unfiltered_mixture, curation_gain, moe_gain: skipped (comparisons: false in {pipeline_config})"
+    ]

@@ -14,6 +14,7 @@ import hashlib
 import json
 import shlex
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +67,10 @@ def launch_training(
     context.log.info("launching: " + shlex.join(command))
     client = dg.PipesSubprocessClient(env=launcher_env())
     try:
-        invocation = client.run(context=context, command=command)
+        with warnings.catch_warnings():
+            # Raised by Dagster's own Pipes client about an API it uses inside: nothing to act on here.
+            warnings.simplefilter("ignore", dg.PreviewWarning)
+            invocation = client.run(context=context, command=command)
     except DagsterPipesExecutionError as error:
         raise dg.Failure(
             f"the training process failed ({error}); its last log lines above say why "
