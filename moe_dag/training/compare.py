@@ -58,5 +58,5 @@ def compare_runs(proxy: pa.Table, baseline: pa.Table, *, seed: int = 0) -> dict[
     every = np.ones(len(sources_N), dtype=bool)
     return {
         "overall": figures(every, sources_N),
-        "sources": {source: figures(sources_N == source, None) for source in sorted(set(sources_N))},
+        "sources": {source: figures(sources_N == source, None) for source in sorted(set(sources_N.tolist()))},
     }
