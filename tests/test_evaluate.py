@@ -41,7 +41,7 @@ def save_model(model: Transformer, out: Path) -> Path:
     return save_checkpoint(
         out,
         config=config,
-        state=TrainerState(step=7, tokens_seen=0, data={"consumed": 0, "num_sequences": 0}),
+        state=TrainerState(step=7, tokens_seen=0, data={}),
         model=model,
         optimizer=optimizer,
         scheduler=build_scheduler(optimizer, 10, config.optim),

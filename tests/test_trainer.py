@@ -85,6 +85,8 @@ def test_batches_read_one_row_per_lane_disjoint_per_rank_and_resumable(repeating
         second.load_state_dict({**first.state_dict(), "num_sequences": 25})
     with pytest.raises(ValueError, match="read 8 rows per step"):
         second.load_state_dict({**first.state_dict(), "lanes": 8})
+    with pytest.raises(ValueError, match="in order None, this trainer in 'lanes-v1'"):
+        second.load_state_dict({"consumed": 4, "num_sequences": 24})  # an older trainer's state
 
 
 def test_a_malformed_mixture_is_reported_with_its_file(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ from dagster._core.errors import DagsterPipesExecutionError
 
 from moe_dag.assets.plots import bars_png, png_markdown
 from moe_dag.config import TrainingLaunchConfig
+from moe_dag.training.data import DATA_ORDER
 from moe_dag.training.evaluate import EVAL_FILE
 from moe_dag.training.lifeline import launcher_env
 from moe_dag.training.run_outputs import MetricsLog
@@ -49,10 +50,11 @@ def training_command(
 
 
 def run_dir_for(data_dir: Path, launch: TrainingLaunchConfig, root: Path) -> Path:
-    """One folder per (mixture, training config): a rerun resumes there, new inputs start afresh."""
+    """One folder per (mixture, training config, data order): a rerun resumes there, new inputs (or a
+    trainer that reads the mixture in another order) start afresh."""
     mixture = (data_dir / "mixture.json").read_bytes()
     launch_json = json.dumps(dataclasses.asdict(launch), sort_keys=True, default=str).encode()
-    return root / hashlib.sha256(mixture + launch_json).hexdigest()[:12]
+    return root / hashlib.sha256(mixture + launch_json + DATA_ORDER.encode()).hexdigest()[:12]
 
 
 def launch_training(

@@ -46,6 +46,8 @@ import torch
 log = logging.getLogger(__name__)
 
 _REQUIRED_KEYS = ("seq_len", "vocab_size", "eos_id", "num_sequences")
+# Names the order in which batches read the rows: a checkpoint from another order cannot be resumed.
+DATA_ORDER = "lanes-v1"
 SOURCE_TOKENS_FILE = "train_source_tokens.npy"
 
 
@@ -168,10 +170,20 @@ class TrainBatches:
             for name, count in zip(self.info.source_columns, self._trained_source_tokens, strict=True)
         }
 
-    def state_dict(self) -> dict[str, int]:
-        return {"consumed": self.consumed, "num_sequences": self.info.num_sequences, "lanes": self.lanes}
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "order": DATA_ORDER,
+            "consumed": self.consumed,
+            "num_sequences": self.info.num_sequences,
+            "lanes": self.lanes,
+        }
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("order") != DATA_ORDER:
+            raise ValueError(
+                f"the checkpoint read the mixture in order {state.get('order')!r}, this trainer in "
+                f"{DATA_ORDER!r} (it was written by another version); train in a fresh --out directory"
+            )
         if state.get("num_sequences") != self.info.num_sequences:
             raise ValueError(
                 f"the checkpoint read a mixture of {state.get('num_sequences')} sequences, this one has "
