@@ -157,7 +157,8 @@ def test_killing_the_dagster_process_kills_its_trainer(data: Path, tmp_path: Pat
     finished = MetricsLog(run_dir / "metrics.jsonl").read()[-1]["step"]
     command = [sys.executable, "-m", "moe_dag.training", "--data", str(lake / "tokenized_mixture")]
     command += ["--out", str(run_dir), "--preset", "tiny", "--steps", str(finished + 3)]
-    command += ["--set", "train.num_threads=1"]
+    # One process with the killed run's global batch (tiny's 4 rows per rank) reads the same rows.
+    command += ["--set", "train.num_threads=1", "--set", f"train.batch_size={4 * nproc}"]
     subprocess.run(command, env=env, check=True, capture_output=True, timeout=120)
     steps = [record["step"] for record in MetricsLog(run_dir / "metrics.jsonl").read()]
     assert steps == list(range(1, finished + 4))
