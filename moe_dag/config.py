@@ -116,6 +116,8 @@ class PipelineConfig:
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     mixture: MixtureConfig  # its weights come from the sources' mixture_weight
     training: TrainingLaunchConfig = field(default_factory=TrainingLaunchConfig)
+    # `moe-dag run` also materialises the comparisons (unfiltered and dense baselines: two more runs).
+    comparisons: bool = True
     demo_corpus: DemoCorpusConfig | None = None
     ray: RayConfig = field(default_factory=RayConfig)  # where the data stages run (default: local Ray)
 

@@ -10,6 +10,7 @@ import dagster as dg
 
 from moe_dag.assets import (
     catalog,
+    comparisons,
     dedup,
     heads,
     ingest,
@@ -25,7 +26,19 @@ from moe_dag.config import config_path_from_env, load_config
 from moe_dag.instance_health import free_dead_runs
 from moe_dag.resources import PipelineResource, RayResource
 
-ASSET_MODULES = [ingest, prefilter, dedup, toxicity, oracle, heads, scoring, catalog, mixture, training]
+ASSET_MODULES = [
+    ingest,
+    prefilter,
+    dedup,
+    toxicity,
+    oracle,
+    heads,
+    scoring,
+    catalog,
+    mixture,
+    training,
+    comparisons,
+]
 
 curate_source = dg.define_asset_job(
     "curate_source",

@@ -17,6 +17,8 @@ from moe_dag.instance_health import free_dead_runs, pool_holders
 # Step events stay in the instance (and the UI); the console shows what the assets log themselves.
 QUIET_CONSOLE = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 
+# Two more training runs: skipped when the config says `comparisons: false`.
+COMPARISONS = ["unfiltered_mixture", "curation_gain", "moe_gain"]
 # (assets, per source?) in dependency order.
 STAGES: list[tuple[list[str], bool]] = [
     (["raw_documents", "prefiltered", "minhash_signatures"], True),
@@ -25,6 +27,7 @@ STAGES: list[tuple[list[str], bool]] = [
     (["oracle_sample", "oracle_labels", "quality_heads"], False),
     (["scored_documents"], True),
     (["document_catalog", "tokenizer", "tokenized_mixture", "moe_proxy", "proxy_eval"], False),
+    (COMPARISONS, False),
 ]
 
 
@@ -33,13 +36,16 @@ def materialize_all(
 ) -> float:
     """Run every asset for every source; raises on the first failed run. Returns wall seconds."""
     definitions = build_definitions(config_path)
-    sources = definitions.resources["pipeline"].config.source_names
+    config = definitions.resources["pipeline"].config
     assets = list(definitions.assets) + list(definitions.asset_checks or [])  # runs include their checks
     graph = definitions.resolve_asset_graph()
     started = time.perf_counter()
     for keys, per_source in STAGES:
+        if keys is COMPARISONS and not config.comparisons:
+            log(f"{', '.join(keys)}: skipped (comparisons: false in {config.path})")
+            continue
         pools = set().union(*(graph.get(dg.AssetKey(key)).pools or set() for key in keys))
-        for partition in sources if per_source else [None]:
+        for partition in config.source_names if per_source else [None]:
             if instance is not None and pools:
                 _report_pool_waits(instance, pools, log)
             stage_started = time.perf_counter()

@@ -32,6 +32,7 @@ def format_summary(config: PipelineConfig) -> str:
         "mixture", "tokenized_mixture", lambda: _mixture(root / "tokenized_mixture" / "mixture.json")
     )
     lines += _section("proxy evaluation", "proxy_eval", lambda: _evaluation(catalog, root / "moe_proxy"))
+    lines += _section("comparisons", "curation_gain, moe_gain", lambda: _comparisons(root))
     lines.append(f"catalog: {catalog.path}  (try: .venv/bin/moe-dag query 'SELECT * FROM stage_funnel')")
     return "\n".join(lines)
 
@@ -145,12 +146,37 @@ def _mixture(path: Path) -> list[str]:
 def _evaluation(catalog: Catalog, runs: Path) -> list[str]:
     report = json.loads((runs / (runs / "latest").read_text().strip() / "eval.json").read_text())
     overall = report["overall"]
-    rows = catalog.query("SELECT source, loss, bits_per_byte FROM proxy_eval ORDER BY source")
+    low, high = overall["bits_per_byte_ci"]
+    rows = catalog.query("SELECT source, loss, bits_per_byte, documents FROM proxy_eval ORDER BY source")
     per_source = ", ".join(
-        f"{source} loss {loss:.3f} / {bpb:.3f} bits per byte" for source, loss, bpb in rows
+        f"{source} loss {loss:.3f} / {bpb:.3f} bits per byte ({documents} documents)"
+        for source, loss, bpb, documents in rows
     )
     return [
         f"proxy validation loss {overall['loss']:.3f} nats/token, "
-        f"{overall['bits_per_byte']:.3f} bits per byte (step {report['step']})",
+        f"{overall['bits_per_byte']:.3f} bits per byte (95% interval {low:.3f}-{high:.3f} "
+        f"over {overall['documents']} documents, step {report['step']})",
         f"  per source: {per_source}",
     ]
+
+
+# (asset, what its gain means): the comparisons' runs leave comparison.json in their run folder.
+COMPARISONS = {
+    "curation_gain": "curation gain (unfiltered - curated)",
+    "moe_gain": "MoE gain over a dense model of equal active parameters (dense - MoE)",
+}
+
+
+def _comparisons(lake_root: Path) -> list[str]:
+    lines = []
+    for asset, meaning in COMPARISONS.items():
+        pointer = lake_root / asset / "latest"
+        if not pointer.exists():
+            continue
+        gains = json.loads((lake_root / asset / pointer.read_text().strip() / "comparison.json").read_text())
+        low, high = gains["overall"]["gain_ci"]
+        lines.append(
+            f"{meaning}: {gains['overall']['gain']:+.3f} bits per byte "
+            f"(paired 95% interval {low:+.3f} to {high:+.3f})"
+        )
+    return lines

@@ -21,6 +21,9 @@ EXPECTED_DEPENDENCIES = {
     "tokenized_mixture": {"tokenizer", "scored_documents"},
     "moe_proxy": {"tokenized_mixture"},
     "proxy_eval": {"moe_proxy"},
+    "unfiltered_mixture": {"raw_documents", "dedup_clusters", "tokenizer", "tokenized_mixture"},
+    "curation_gain": {"unfiltered_mixture", "proxy_eval"},
+    "moe_gain": {"tokenized_mixture", "proxy_eval"},
 }
 PER_SOURCE = {
     "raw_documents",
@@ -30,7 +33,7 @@ PER_SOURCE = {
     "toxicity_filtered",
     "scored_documents",
 }
-GPU_POOL = {"oracle_labels", "quality_heads", "scored_documents", "moe_proxy"}
+GPU_POOL = {"oracle_labels", "quality_heads", "scored_documents", "moe_proxy", "curation_gain", "moe_gain"}
 
 
 def test_asset_graph_snapshot():

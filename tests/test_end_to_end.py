@@ -27,7 +27,13 @@ def tiny_config(tmp_path: Path) -> Path:
     raw["oracle"]["per_source"] = 30
     raw["heads"] = {**raw.get("heads", {}), "epochs": 3}
     raw["tokenizer"] = {**raw.get("tokenizer", {}), "vocab_size": 512}
-    raw["mixture"] = {**raw["mixture"], "seq_len": 64, "total_tokens": 20_000, "heldout_fraction": 0.2}
+    raw["mixture"] = {
+        **raw["mixture"],
+        "seq_len": 64,
+        "total_tokens": 20_000,
+        "heldout_fraction": 0.2,
+        "heldout_min_documents": 5,
+    }
     raw["training"] = {"preset": "tiny", "steps": 12, "seed": 0}
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(raw))

@@ -41,7 +41,7 @@ def save_model(model: Transformer, out: Path) -> Path:
     return save_checkpoint(
         out,
         config=config,
-        state=TrainerState(step=7, tokens_seen=0, data={"seed": 0, "consumed": 0}),
+        state=TrainerState(step=7, tokens_seen=0, data={}),
         model=model,
         optimizer=optimizer,
         scheduler=build_scheduler(optimizer, 10, config.optim),
@@ -77,6 +77,12 @@ def test_uniform_logits_give_log_vocab_nats_and_known_bits_per_byte(tmp_path: Pa
     assert web["bits_per_byte"] == pytest.approx(4.0)
     assert code["bits_per_byte"] == pytest.approx(4.0)
     assert overall["bits_per_byte"] == pytest.approx(77 * 8 / 154)
+    # Every token costs log(vocab): no spread between documents, so no width in tokens...
+    assert overall["loss_ci"] == pytest.approx([math.log(vocab)] * 2)
+    # ...but bits per byte differs per document (w0: 32 bits / 9 bytes, w1: 24 / 5): the interval spans it.
+    low, high = web["bits_per_byte_ci"]
+    assert 32 / 9 - 1e-6 <= low <= 4.0 <= high <= 24 / 5 + 1e-6
+    assert code["bits_per_byte_ci"] == pytest.approx([4.0, 4.0]) and overall["documents"] == 3
 
 
 def test_batched_padded_windows_equal_one_document_at_a_time() -> None:
@@ -110,5 +116,8 @@ def test_command_line_writes_results(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     results = json.loads(out.read_text())
     assert set(results["sources"]) == {"web", "code"}
-    assert "bits/byte" in result.stdout
+    assert "bits/byte (95% interval" in result.stdout and "3 documents" in result.stdout
     assert results["overall"]["bits_per_byte"] > 0
+    per_document = pq.read_table(tmp_path / "eval" / "results_documents.parquet").to_pydict()
+    assert per_document["id"] == HELDOUT["id"] and per_document["num_bytes"] == HELDOUT["num_bytes"]
+    assert sum(per_document["nll_nats"]) == pytest.approx(results["overall"]["nll_nats"])

@@ -19,9 +19,10 @@ from moe_dag.data.mixture import (
     TokenShard,
     build_mixture,
     pack_mixture,
-    rank_slice,
+    split_heldout,
 )
-from moe_dag.data.mixture.build import heldout_table, split_heldout
+from moe_dag.data.mixture.build import heldout_table
+from moe_dag.data.mixture.heldout import heldout_count, heldout_cut, split_at_cut
 from moe_dag.data.mixture.token_shards import token_dtype, write_token_shard
 from moe_dag.data.tokenizer import TokenizerConfig, train_tokenizer
 
@@ -164,7 +165,12 @@ def corpus():
     return documents, train_tokenizer(texts, TokenizerConfig(vocab_size=300))
 
 
-CONFIG = MixtureConfig(weights={"cc": 0.5, "code": 0.3, "math": 0.2}, seq_len=SEQ_LEN, heldout_fraction=0.1)
+CONFIG = MixtureConfig(
+    weights={"cc": 0.5, "code": 0.3, "math": 0.2},
+    seq_len=SEQ_LEN,
+    heldout_fraction=0.1,
+    heldout_min_documents=5,
+)
 
 
 @pytest.fixture(scope="module")
@@ -286,22 +292,16 @@ def test_user_errors_raise_value_error(corpus, tmp_path):
         build_mixture(documents, tokenizer, replace(CONFIG, total_tokens=SEQ_LEN), tmp_path)
     tiny = {source: table.slice(0, 1) for source, table in documents.items()}
     with pytest.raises(ValueError, match="less than one sequence"):
-        build_mixture(tiny, tokenizer, replace(CONFIG, seq_len=4096, heldout_fraction=0.0), tmp_path / "tiny")
+        build_mixture(
+            tiny,
+            tokenizer,
+            replace(CONFIG, seq_len=4096, heldout_fraction=0.0, heldout_min_documents=0),
+            tmp_path / "tiny",
+        )
     without_text = {**documents, "cc": documents["cc"].drop_columns("text")}
     with pytest.raises(ValueError, match="source 'cc' have no 'text' column"):
         build_mixture(without_text, tokenizer, CONFIG, tmp_path)
     assert not (tmp_path / "shards").exists()  # every check above ran before any tokenisation
-
-
-@pytest.mark.parametrize(("num_sequences", "world_size"), [(0, 1), (10, 1), (10, 3), (7, 8), (1000, 64)])
-def test_rank_slices_are_disjoint_and_cover_every_row(num_sequences, world_size):
-    rows = [
-        list(range(num_sequences))[rank_slice(num_sequences, rank, world_size)] for rank in range(world_size)
-    ]
-    assert sum(rows, []) == list(range(num_sequences))
-    assert max(map(len, rows)) - min(map(len, rows)) <= 1
-    with pytest.raises(ValueError, match="outside world_size"):
-        rank_slice(num_sequences, world_size, world_size)
 
 
 def test_token_shards_per_input_shard_pack_the_same_mixture(corpus, built, tmp_path):
@@ -311,7 +311,15 @@ def test_token_shards_per_input_shard_pack_the_same_mixture(corpus, built, tmp_p
     eos = tokenizer.token_to_id(CONFIG.eos_token)
     sources, heldout = {}, []
     for source in sorted(documents):
-        train, held = split_heldout(documents[source], CONFIG.heldout_fraction)
+        # Each half is split on its own against the source's cut, as the engine splits each shard.
+        cut = heldout_cut(
+            documents[source]["id"].to_pylist(), CONFIG.heldout_fraction, CONFIG.heldout_min_documents
+        )
+        table = documents[source]
+        halves = [table.slice(0, table.num_rows // 2), table.slice(table.num_rows // 2)]
+        splits = [split_at_cut(half, cut) for half in halves]
+        train = pa.concat_tables([t for t, _ in splits])
+        held = pa.concat_tables([h for _, h in splits])
         halves = [train.slice(0, train.num_rows // 2), train.slice(train.num_rows // 2)]
         shards = [
             write_token_shard(half, tokenizer, eos, tmp_path / "shards", f"{source}-{i}")
@@ -323,3 +331,59 @@ def test_token_shards_per_input_shard_pack_the_same_mixture(corpus, built, tmp_p
     pack_mixture(sources, pa.concat_tables(heldout), vocab_size, eos, CONFIG, tmp_path)
     for name in ("train.npy", "heldout.parquet", "mixture.json"):
         assert (tmp_path / name).read_bytes() == (one_shard_dir / name).read_bytes(), name
+
+
+def test_every_prefix_of_rows_keeps_the_shares_and_the_row_counts_say_so(built):
+    """Rows in file order are a prefix of the sampler's stream: after any number of rows each source is
+    within two documents of its target (one from the sampler, one from the cut inside a document)."""
+    report, out_dir = built
+    shards = {source: TokenShard.open(out_dir / "shards", source) for source in report["source_columns"]}
+    counts = np.load(out_dir / "train_source_tokens.npy")
+    assert counts.shape == (report["num_sequences"], 3) and counts.dtype == np.int32
+    assert (counts.sum(axis=1) == SEQ_LEN + 1).all()
+    sampler = MixtureSampler(
+        {s: shard.lengths for s, shard in shards.items()}, CONFIG.weights, seed=CONFIG.seed, max_epochs=4.0
+    )
+    column_of = {source: i for i, source in enumerate(report["source_columns"])}
+    stream_sources = np.concatenate([np.full(shards[s].lengths[d], column_of[s]) for s, d in sampler])
+    rows = stream_sources[: len(counts) * (SEQ_LEN + 1)].reshape(len(counts), SEQ_LEN + 1)
+    for column in range(3):
+        np.testing.assert_array_equal(counts[:, column], (rows == column).sum(axis=1))
+
+    longest = max(int(shard.lengths.max()) for shard in shards.values())
+    targets = np.array([sampler.target_shares[source] for source in report["source_columns"]])
+    seen = np.cumsum(counts, axis=0)
+    deficits = seen - seen.sum(axis=1, keepdims=True) * targets
+    assert np.abs(deficits).max() <= 2 * longest
+
+
+@pytest.mark.parametrize(
+    ("documents", "fraction", "minimum", "expected"),
+    [(1000, 0.05, 50, 50), (2000, 0.05, 50, 100), (30, 0.05, 50, 30), (50, 0.05, 50, 50), (200, 0.0, 0, 0)],
+)
+def test_heldout_takes_the_minimum_per_source_or_the_whole_source(documents, fraction, minimum, expected):
+    assert heldout_count(documents, fraction, minimum) == expected
+    table = pa.table({"id": [f"d{i}" for i in range(documents)], "text": ["x"] * documents})
+    train, held = split_heldout(table, fraction, minimum)
+    assert held.num_rows == expected and train.num_rows == documents - expected
+    assert set(train["id"].to_pylist()).isdisjoint(held["id"].to_pylist())
+    shuffled = table.take(np.random.default_rng(0).permutation(documents))
+    assert sorted(split_heldout(shuffled, fraction, minimum)[1]["id"].to_pylist()) == sorted(
+        held["id"].to_pylist()
+    )
+
+
+def test_a_source_smaller_than_the_minimum_is_scored_but_not_trained(corpus, tmp_path):
+    documents, tokenizer = corpus
+    report = build_mixture(documents, tokenizer, replace(CONFIG, heldout_min_documents=50), tmp_path)
+    heldout = pq.read_table(tmp_path / "heldout.parquet")
+    per_source = {s: heldout["source"].to_pylist().count(s) for s in ("cc", "code", "math")}
+    assert per_source == {"cc": 50, "code": 50, "math": 30}
+    math = report["sources"]["math"]
+    assert not math["trained"] and math["tokens"] == 0 and math["train_documents"] == 0
+    assert report["sources"]["cc"]["trained"] and report["sources"]["code"]["trained"]
+    assert any("'math'" in warning and "not trained on" in warning for warning in report["warnings"])
+    assert np.load(tmp_path / "train_source_tokens.npy")[:, report["source_columns"].index("math")].sum() == 0
+    everything_held = replace(CONFIG, heldout_min_documents=1000)
+    with pytest.raises(ValueError, match="every source is held out whole"):
+        build_mixture(documents, tokenizer, everything_held, tmp_path / "none")

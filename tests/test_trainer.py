@@ -56,43 +56,51 @@ def fast_config(steps: int, **train_changes: object) -> Config:
     )
 
 
-def test_batches_are_deterministic_disjoint_per_rank_and_resumable(repeating_data: Path) -> None:
-    def stream(seed: int, rank: int = 0, world_size: int = 1, batch_size: int = 4) -> TrainBatches:
-        return TrainBatches(
-            repeating_data, batch_size=batch_size, seed=seed, rank=rank, world_size=world_size
-        )
+def test_batches_read_one_row_per_lane_disjoint_per_rank_and_resumable(repeating_data: Path) -> None:
+    def stream(rank: int = 0, world_size: int = 1, batch_size: int = 4) -> TrainBatches:
+        return TrainBatches(repeating_data, batch_size=batch_size, rank=rank, world_size=world_size)
 
-    single = stream(seed=1, batch_size=8)
-    ranks = [stream(seed=1, rank=r, world_size=2) for r in range(2)]
-    for _ in range(5):  # 5 x 8 sequences crosses the 24-sequence epoch boundary
+    rows = torch.from_numpy(np.load(repeating_data / "train.npy").astype(np.int64))
+    single = stream(batch_size=8)
+    ranks = [stream(rank=r, world_size=2) for r in range(2)]
+    served = []
+    for step in range(5):  # 8 lanes of 3 rows each: steps 3 and 4 start the second pass
         inputs, targets = single.next_batch()
+        expected = [(lane * 3 + step) % 24 for lane in range(8)]
+        served += expected
+        torch.testing.assert_close(inputs, rows[expected, :-1])
+        torch.testing.assert_close(targets, rows[expected, 1:])
         parts = [r.next_batch() for r in ranks]
         torch.testing.assert_close(torch.cat([p[0] for p in parts]), inputs)
         torch.testing.assert_close(torch.cat([p[1] for p in parts]), targets)
-        torch.testing.assert_close(inputs[:, 1:], targets[:, :-1])
-        assert inputs.dtype == torch.int64 and inputs.shape == (8, SEQ_LEN)
+    assert sorted(served[:24]) == list(range(24))  # a pass reads every row once
 
-    first, second = stream(seed=1), stream(seed=1)
+    first, second = stream(), stream()
     first.next_batch()
     second.load_state_dict(first.state_dict())
     torch.testing.assert_close(second.next_batch()[0], first.next_batch()[0])
-    assert not torch.equal(stream(seed=1).next_batch()[0], stream(seed=2).next_batch()[0])
+    with pytest.raises(ValueError, match="mixture of 25 sequences, this one has 24"):
+        second.load_state_dict({**first.state_dict(), "num_sequences": 25})
+    with pytest.raises(ValueError, match="read 8 rows per step"):
+        second.load_state_dict({**first.state_dict(), "lanes": 8})
+    with pytest.raises(ValueError, match="in order None, this trainer in 'lanes-v1'"):
+        second.load_state_dict({"consumed": 4, "num_sequences": 24})  # an older trainer's state
 
 
 def test_a_malformed_mixture_is_reported_with_its_file(tmp_path: Path) -> None:
     rows = np.zeros((4, SEQ_LEN + 1))
     data = write_mixture(tmp_path / "wrong_dtype", rows, dtype=np.int64)
     with pytest.raises(ValueError, match="train.npy: dtype int64"):
-        TrainBatches(data, batch_size=2, seed=0)
+        TrainBatches(data, batch_size=2)
     data = write_mixture(tmp_path / "wrong_shape", rows)
     (data / "mixture.json").write_text(
         json.dumps({"seq_len": 16, "vocab_size": 8, "eos_id": 0, "num_sequences": 4})
     )
     with pytest.raises(ValueError, match=r"train.npy: shape \(4, 33\)"):
-        TrainBatches(data, batch_size=2, seed=0)
+        TrainBatches(data, batch_size=2)
     (data / "mixture.json").write_text(json.dumps({"seq_len": 32}))
     with pytest.raises(ValueError, match=r"mixture.json: missing keys \['vocab_size'"):
-        TrainBatches(data, batch_size=2, seed=0)
+        TrainBatches(data, batch_size=2)
 
 
 def test_loss_falls_on_a_repeating_dataset(repeating_data: Path, tmp_path: Path) -> None:
@@ -204,6 +212,7 @@ def test_command_line_trains_and_writes_every_output(repeating_data: Path, tmp_p
         "mfu",
         "load_imbalance",
         "router",
+        "source_shares",
     }
     assert len(records[0]["load_imbalance"]) == 1  # tiny has one MoE layer
     assert records[0]["router"]["layers"] == [1] and 0 < records[0]["mfu"] < 1
@@ -246,3 +255,100 @@ def test_two_rank_data_parallel_matches_one_rank(repeating_data: Path, tmp_path:
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-4)
         assert b["load_imbalance"] == pytest.approx(a["load_imbalance"], rel=1e-4)
     assert json.loads((tmp_path / "two" / "summary.json").read_text())["world_size"] == 2
+
+
+@pytest.fixture(scope="module")
+def built_mixture(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real mixture from the data room: three sources of short documents, so the longest document
+    (the unit of the share guarantee) is small next to the tokens of a few steps."""
+    from moe_dag.data.mixture import MixtureConfig, build_mixture
+    from moe_dag.data.tokenizer import TokenizerConfig, train_tokenizer
+
+    rng = np.random.default_rng(0)
+    words = ["data", "model", "expert", "token", "the", "of", "and", "route"]
+    documents = {
+        source: pa.table(
+            {
+                "id": [f"{source}-{i}" for i in range(n)],
+                "text": [" ".join(rng.choice(words, size=rng.integers(3, 12))) for _ in range(n)],
+            }
+        )
+        for source, n in (("web", 600), ("code", 400), ("math", 200))
+    }
+    texts = [text for table in documents.values() for text in table["text"].to_pylist()]
+    tokenizer = train_tokenizer(texts, TokenizerConfig(vocab_size=300))
+    config = MixtureConfig(
+        weights={"web": 0.5, "code": 0.3, "math": 0.2}, seq_len=SEQ_LEN, heldout_min_documents=5
+    )
+    out = tmp_path_factory.mktemp("mixture")
+    build_mixture(documents, tokenizer, config, out)
+    return out
+
+
+def _longest_document(mixture_dir: Path) -> int:
+    from moe_dag.data.mixture import TokenShard
+
+    sources = json.loads((mixture_dir / "mixture.json").read_text())["sources"]
+    return max(int(TokenShard.open(mixture_dir / "shards", source).lengths.max()) for source in sources)
+
+
+def test_every_step_of_a_pass_keeps_the_shares_within_two_documents_per_lane(built_mixture: Path) -> None:
+    """After k steps the model has seen one window of k consecutive rows per lane; each window is
+    within 4 L tokens of the target shares (L the longest document), so all of them within 4 G L.
+    Rows drawn at random from the file wander past this bound within a pass."""
+    batches = TrainBatches(built_mixture, batch_size=2)
+    targets = {
+        s: row["target_share"]
+        for s, row in json.loads((built_mixture / "mixture.json").read_text())["sources"].items()
+    }
+    bound = 4 * batches.lanes * _longest_document(built_mixture)
+    for step in range(1, batches.info.num_sequences // batches.lanes + 1):
+        batches.next_batch()
+        trained = step * batches.lanes * (SEQ_LEN + 1)
+        for source, share in batches.source_shares().items():
+            assert abs(share - targets[source]) * trained <= bound, (step, source)
+
+
+def test_every_step_trains_on_the_target_shares_and_resuming_keeps_the_order(
+    built_mixture: Path, tmp_path: Path
+) -> None:
+    """The shares the trainer logs after every step are those of the rows it read (within the lane
+    bound); resuming from a checkpoint continues the same rows, shares included."""
+    mixture = json.loads((built_mixture / "mixture.json").read_text())
+    out = tmp_path / "run"
+    config = fast_config(30, checkpoint_every=10)
+    train(config, built_mixture, out)
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    bound = 4 * config.train.batch_size * _longest_document(built_mixture)
+    for record in records:
+        trained = record["step"] * config.train.batch_size * (SEQ_LEN + 1)
+        assert sum(record["source_shares"].values()) == pytest.approx(1.0)
+        for source, share in record["source_shares"].items():
+            target = mixture["sources"][source]["target_share"]
+            assert abs(share - target) * trained <= bound, (record["step"], source)
+    assert (out / "source_shares.png").exists() and (out / "expert_load.png").exists()
+
+    shutil.rmtree(out / "checkpoints" / "step_30")
+    shutil.rmtree(out / "checkpoints" / "step_20")
+    train(config, built_mixture, out)
+    resumed = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["loss"], r["source_shares"]) for r in resumed] == [
+        (r["loss"], r["source_shares"]) for r in records
+    ]
+
+
+def test_the_training_room_imports_neither_dagster_nor_its_pipes_outside_dagster() -> None:
+    """`python -m moe_dag.training` runs where Dagster is not installed; dagster_pipes is loaded only
+    when a Pipes client launched the process."""
+    modules = [
+        "moe_dag.training.__main__",
+        "moe_dag.training.trainer",
+        "moe_dag.training.evaluate",
+        "moe_dag.training.compare",
+        "moe_dag.training.baselines",
+    ]
+    code = f"import sys\nfor m in {modules}: __import__(m)\n"
+    code += "print(sorted({m.split('.')[0] for m in sys.modules} & {'dagster', 'dagster_pipes'}))"
+    env = {key: value for key, value in os.environ.items() if not key.startswith("DAGSTER_PIPES")}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert result.stdout.strip() == "[]"

@@ -1,22 +1,28 @@
 import sys
 
-from moe_dag.assets.training import run_dir_for, training_command
+from moe_dag.assets.training_runs import run_dir_for, training_command
 from moe_dag.config import TrainingLaunchConfig
+from moe_dag.training.__main__ import _without_option
 
 
-def test_one_process_runs_the_module_and_several_go_through_torchrun(tmp_path):
+def test_the_command_runs_the_module_which_starts_torchrun_workers_itself(tmp_path):
     single = training_command(TrainingLaunchConfig(steps=5), tmp_path / "data", tmp_path / "out")
     assert single[:3] == [sys.executable, "-m", "moe_dag.training"]
     assert single[single.index("--steps") + 1] == "5"
+    assert single[single.index("--nproc-per-node") + 1] == "1" and "--eval-on" not in single
 
     launch = TrainingLaunchConfig(nproc_per_node=2, overrides={"optim.lr": 1e-3, "model.top_k": 1})
-    several = training_command(launch, tmp_path / "data", tmp_path / "out")
-    assert several[:4] == [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2"]
-    assert several[4:6] == ["-m", "moe_dag.training"]
+    several = training_command(launch, tmp_path / "data", tmp_path / "out", eval_on=tmp_path / "heldout")
+    assert several[several.index("--nproc-per-node") + 1] == "2"
+    assert several[several.index("--eval-on") + 1] == str(tmp_path / "heldout")
     assert [several[i + 1] for i, arg in enumerate(several) if arg == "--set"] == [
         "model.top_k=1",
         "optim.lr=0.001",
     ]
+    # The workers torchrun starts get the same arguments, less the option that started them.
+    worker = _without_option(several[3:], "--nproc-per-node")
+    assert "--nproc-per-node" not in worker and len(worker) == len(several) - 5
+    assert _without_option(["--nproc-per-node=4", "--out", "x"], "--nproc-per-node") == ["--out", "x"]
 
 
 def test_the_run_folder_follows_the_mixture_and_the_launch_config(tmp_path):

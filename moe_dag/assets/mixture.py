@@ -1,12 +1,15 @@
-"""tokenizer and tokenized_mixture: a BPE tokenizer on the kept documents, then packed token sequences.
+"""tokenizer and tokenized_mixture: a BPE tokenizer on the kept training documents, then packed token
+sequences and the held-out documents.
 
 Tokenisation fans out like the per-source stages: one token shard per scored shard, in parallel on Ray,
 each with a completion record, so a rerun tokenises only new or changed shards. Sampling and packing
-then run here, over memory-mapped token shards.
+then run here, over memory-mapped token shards. Which documents are held out is decided once per source
+from its ids (`heldout_cut`), so the tokenizer and the token shards agree on it.
 """
 
 import functools
 import hashlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import dagster as dg
@@ -18,6 +21,7 @@ from moe_dag.data.engine import StageSpec, upstream_inputs
 from moe_dag.data.engine.stages import TokenizeWork
 from moe_dag.data.mixture import SourceTokens, TokenShard, pack_mixture
 from moe_dag.data.mixture.build import HELDOUT_SCHEMA
+from moe_dag.data.mixture.heldout import heldout_cut, split_at_cut
 from moe_dag.data.schema import kept_rows
 from moe_dag.data.tokenizer import eos_id, load_tokenizer, save_tokenizer, train_tokenizer
 from moe_dag.resources import PipelineResource, RayResource
@@ -29,19 +33,28 @@ HELDOUT_STAGE = "tokenized_mixture/heldout"
 
 @dg.asset(group_name="training", kinds={"huggingface"}, deps=["scored_documents"])
 def tokenizer(pipeline: PipelineResource) -> dg.MaterializeResult:
-    """A byte-level BPE tokenizer trained on every kept document, streamed from the lake."""
+    """A byte-level BPE tokenizer trained on the kept documents of training, streamed from the lake: the
+    documents the mixture holds out for evaluation (the same cut) never reach it."""
     lake = pipeline.lake
-    texts = (
-        text
-        for name in pipeline.config.source_names
-        for batch in lake.iter_batches("scored_documents", name, columns=["text", "keep"])
-        for text in kept_rows(batch)["text"].to_pylist()
-    )
-    trained = train_tokenizer(texts, pipeline.config.tokenizer)
+    cuts = _heldout_cuts(pipeline)
+    counted = {"documents": 0}
+
+    def texts() -> Iterator[str]:
+        for name in pipeline.config.source_names:
+            for batch in _kept_batches(pipeline, name, ["id", "text", "keep"]):
+                train, _ = split_at_cut(batch, cuts[name])
+                counted["documents"] += train.num_rows
+                yield from train["text"].to_pylist()
+
+    trained = train_tokenizer(texts(), pipeline.config.tokenizer)
     path = lake.artifact_dir("tokenizer") / TOKENIZER_FILE
     save_tokenizer(trained, path)
     return dg.MaterializeResult(
-        metadata={"vocab_size": trained.get_vocab_size(), "path": dg.MetadataValue.path(str(path))}
+        metadata={
+            "vocab_size": trained.get_vocab_size(),
+            "training_documents": counted["documents"],
+            "path": dg.MetadataValue.path(str(path)),
+        }
     )
 
 
@@ -50,6 +63,7 @@ def _tokenize_sources(
 ) -> tuple[dict[str, SourceTokens], pa.Table]:
     """Every source's token shards (tokenised where missing or stale) and the held-out documents."""
     lake, config = pipeline.lake, pipeline.config.mixture
+    cuts = _heldout_cuts(pipeline)
     tokenizer_path = str(lake.artifact_dir("tokenizer") / TOKENIZER_FILE)
     spec = StageSpec(
         outputs=(TOKENS_STAGE, HELDOUT_STAGE),
@@ -59,12 +73,10 @@ def _tokenize_sources(
             HELDOUT_STAGE,
             tokenizer_path,
             config.eos_token,
-            config.heldout_fraction,
+            cuts,
         ),
-        # A retrained tokenizer retokenises every shard.
-        params=repr(
-            (hashlib.sha256(trained.to_str().encode()).hexdigest(), config.eos_token, config.heldout_fraction)
-        ),
+        # A retrained tokenizer, or a held-out set that moved, retokenises every shard.
+        params=repr((hashlib.sha256(trained.to_str().encode()).hexdigest(), config.eos_token, cuts)),
     )
     sources, heldout = {}, [HELDOUT_SCHEMA.empty_table()]
     for name in sorted(pipeline.config.source_names):
@@ -73,6 +85,24 @@ def _tokenize_sources(
         sources[name] = SourceTokens(name, [TokenShard.open(folder, key) for key in run.records])
         heldout.append(lake.read_table(HELDOUT_STAGE, name))
     return sources, pa.concat_tables(heldout)
+
+
+def _kept_batches(pipeline: PipelineResource, source: str, columns: list[str]) -> Iterator[pa.Table]:
+    for batch in pipeline.lake.iter_batches("scored_documents", source, columns=columns):
+        yield kept_rows(batch)
+
+
+def _heldout_cuts(pipeline: PipelineResource) -> dict[str, int | None]:
+    """Per source, the held-out cut on the id hash, from the kept documents' ids alone."""
+    mixture = pipeline.config.mixture
+    return {
+        name: heldout_cut(
+            (i for batch in _kept_batches(pipeline, name, ["id", "keep"]) for i in batch["id"].to_pylist()),
+            mixture.heldout_fraction,
+            mixture.heldout_min_documents,
+        )
+        for name in pipeline.config.source_names
+    }
 
 
 @dg.asset(

@@ -1,6 +1,16 @@
 """Command line: `python -m moe_dag.training --data DIR --out DIR --preset demo [--steps N] [--seed S]
-[--set section.field=value ...]`; the same arguments under `torchrun --nproc-per-node N -m moe_dag.training`.
-Nested fields too: `--set model.mla.kv_lora_rank=64`, `--set precision.recipe=fp8-emulated`.
+[--set section.field=value ...] [--nproc-per-node N] [--eval-on DIR]`. `--preset` names a file of
+configs/models/ or a YAML path; `--set` reaches nested fields too (`--set model.mla.kv_lora_rank=64`,
+`--set precision.recipe=fp8-emulated`).
+
+`--nproc-per-node N` (N > 1) starts N data-parallel workers through torchrun's launcher in this
+process; `torchrun --nproc-per-node N -m moe_dag.training ...` does the same by hand. `--eval-on DIR`
+scores the final checkpoint on DIR's held-out documents right after training, on the device the run
+trained on, and writes `eval.json` and `eval_documents.parquet` into the run folder.
+
+Launched by Dagster Pipes (the `moe_proxy` asset), rank 0 streams its log to Dagster and reports the
+final figures as the asset's materialization; a launcher that sets $MOE_DAG_LAUNCHER_PID takes the
+trainer down with it (see lifeline.py). Exit status 2: the run folder is in use by another trainer.
 """
 
 from __future__ import annotations
@@ -12,8 +22,15 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from moe_dag.training.config import apply_overrides, preset, preset_names
+from moe_dag.training.lifeline import die_with_launcher, launcher_env
+from moe_dag.training.pipes_report import Reporter, pipes_reporter
+from moe_dag.training.run_lock import RunFolderInUse
+
+log = logging.getLogger("moe_dag.training")
+NPROC_OPTION = "--nproc-per-node"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -28,7 +45,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"model preset: one of {', '.join(preset_names())} (configs/models/), or a YAML file",
     )
     parser.add_argument("--steps", type=int, help="optimizer steps (default: the preset's)")
-    parser.add_argument("--seed", type=int, help="seed for initialisation and data order")
+    parser.add_argument("--seed", type=int, help="seed for initialisation")
     parser.add_argument(
         "--set",
         dest="overrides",
@@ -37,36 +54,111 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="SECTION.FIELD=VALUE",
         help="override a config field, e.g. --set model.top_k=1 --set optim.lr=1e-3 (repeatable)",
     )
+    parser.add_argument(
+        NPROC_OPTION, dest="nproc_per_node", type=int, default=1, help="data-parallel worker processes"
+    )
+    parser.add_argument(
+        "--eval-on", type=Path, help="tokenized mixture directory whose held-out documents score the run"
+    )
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     # Idle OpenMP threads sleep instead of spinning. On a CPU shared with other processes, spinning
     # threads wait on descheduled peers at every op: 2 threads ran the tiny MoE 20x slower than 1
     # thread; with PASSIVE, 2 threads match or beat 1. Must be set before torch is imported.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    die_with_launcher()
+    if args.nproc_per_node > 1 and "LOCAL_RANK" not in os.environ:
+        return _launch_workers(args.nproc_per_node, argv)
+    rank = int(os.environ.get("RANK", "0"))
+    with pipes_reporter(enabled=rank == 0) as reporter:
+        _configure_logging(rank, reporter)
+        try:
+            return _train_and_evaluate(args, reporter, is_main=rank == 0)
+        except RunFolderInUse as error:
+            log.error("%s", error)
+            return 2
+
+
+def _launch_workers(nproc_per_node: int, argv: list[str]) -> int:
+    """torchrun's launcher, in this process: it inherits the lifeline and passes it on to the workers."""
+    from torch.distributed import run as torchrun
+
+    os.environ.update(launcher_env())  # every worker dies with this process, however it ends
+    worker_argv = _without_option(argv, NPROC_OPTION)
+    # A standalone rendezvous picks a free port, so several single-node runs can share a machine.
+    torchrun.main(
+        ["--standalone", f"--nproc-per-node={nproc_per_node}", "-m", "moe_dag.training", *worker_argv]
+    )
+    return 0
+
+
+def _without_option(argv: list[str], option: str) -> list[str]:
+    kept, skip_next = [], False
+    for arg in argv:
+        if skip_next:
+            skip_next = False
+        elif arg == option:
+            skip_next = True
+        elif not arg.startswith(option + "="):
+            kept.append(arg)
+    return kept
+
+
+def _configure_logging(rank: int, reporter: Reporter) -> None:
+    # Under Dagster the progress reaches the event log through Pipes; stderr keeps only warnings.
+    level = logging.INFO if rank == 0 and not reporter.active else logging.WARNING
+    handler = logging.StreamHandler()
+    handler.setLevel(level)
+    handler.setFormatter(logging.Formatter(f"%(asctime)s [rank {rank}] %(message)s", datefmt="%H:%M:%S"))
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, handlers=[handler])
+
+
+def _train_and_evaluate(args: argparse.Namespace, reporter: Reporter, is_main: bool) -> int:
+    from moe_dag.training.evaluate import evaluate_run
     from moe_dag.training.trainer import train
 
-    rank = int(os.environ.get("RANK", "0"))
-    logging.basicConfig(
-        level=logging.INFO if rank == 0 else logging.WARNING,
-        format=f"%(asctime)s [rank {rank}] %(message)s",
-        datefmt="%H:%M:%S",
-    )
     config = preset(args.preset)
     train_fields = {"steps": args.steps, "seed": args.seed}
     chosen = {key: value for key, value in train_fields.items() if value is not None}
     config = dataclasses.replace(config, train=dataclasses.replace(config.train, **chosen))
     config = apply_overrides(config, args.overrides)
     summary = train(config, args.data, args.out)
-    if rank == 0:
-        shown = {
-            key: summary[key]
-            for key in ("final_train_loss", "steps", "tokens_seen", "wall_seconds", "steps_per_second")
-        }
-        print(json.dumps(shown, indent=2))
+    if not is_main:
+        return 0
+    evaluation = evaluate_run(args.out, args.eval_on, device=summary["device"]) if args.eval_on else None
+    shown = {
+        key: summary[key]
+        for key in ("final_train_loss", "steps", "tokens_seen", "wall_seconds", "steps_per_second")
+    }
+    print(json.dumps(shown, indent=2))
+    reporter.report_materialization(_result_metadata(summary, args.out, evaluation))
     return 0
+
+
+def _result_metadata(summary: dict[str, Any], out_dir: Path, evaluation: dict | None) -> dict[str, Any]:
+    metadata = {
+        "run_dir": {"raw_value": str(out_dir.resolve()), "type": "path"},
+        "final_train_loss": summary["final_train_loss"],
+        "steps": summary["steps"],
+        "tokens_seen": summary["tokens_seen"],
+        "wall_seconds": summary["wall_seconds"],
+        "device": summary["device"],
+        "world_size": summary["world_size"],
+        "total_params": summary["params"]["total"],
+        "active_params": summary["params"]["active"],
+    }
+    if evaluation is not None:
+        overall = evaluation["overall"]
+        metadata |= {
+            "heldout_bits_per_byte": overall["bits_per_byte"],
+            "heldout_bits_per_byte_ci95": overall["bits_per_byte_ci"],
+            "heldout_documents": overall["documents"],
+        }
+    return metadata
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ _STEP_DIR = re.compile(r"^step_(\d+)$")
 class TrainerState:
     step: int
     tokens_seen: int
-    data: dict[str, int]
+    data: dict[str, Any]
 
 
 def list_checkpoints(out_dir: Path) -> list[Path]:

@@ -9,8 +9,14 @@ consecutive windows of seq_len targets; each window starts with a fresh context.
     bits per byte = total NLL (nats) / (ln 2 * total UTF-8 bytes of the documents' text)
 
 Bits per byte does not depend on the tokenizer, so it compares models with different vocabularies.
+Each figure comes with its document count and a 95% interval from resampling documents (bootstrap.py),
+so a source scored on a handful of documents shows how little that says.
 
-Command line: `python -m moe_dag.training.evaluate --checkpoint DIR --data DIR --out FILE`.
+`evaluate_run` scores a run's newest checkpoint and leaves in the run folder `eval.json` (the figures)
+and `eval_documents.parquet` (source, id, nll_nats, tokens, num_bytes per document: what a paired
+comparison of two models on the same documents needs).
+
+Command line: `python -m moe_dag.training.evaluate --checkpoint DIR --data DIR --out FILE [--device D]`.
 """
 
 from __future__ import annotations
@@ -19,16 +25,19 @@ import argparse
 import json
 import math
 import sys
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
 import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from moe_dag.training.checkpoint import load_model
+from moe_dag.training.bootstrap import ratio_interval
+from moe_dag.training.checkpoint import latest_checkpoint, load_model
 from moe_dag.training.data import read_heldout, read_mixture
 
 _IGNORE = -100
@@ -40,38 +49,25 @@ def document_windows(tokens: list[int], eos_id: int, seq_len: int) -> list[tuple
     return [(inputs[i : i + seq_len], tokens[i : i + seq_len]) for i in range(0, len(tokens), seq_len)]
 
 
-def _totals(nll: float, tokens: int, num_bytes: int, documents: int) -> dict[str, Any]:
-    return {
-        "loss": nll / tokens if tokens else None,
-        "bits_per_byte": nll / (math.log(2) * num_bytes) if num_bytes else None,
-        "nll_nats": nll,
-        "tokens": tokens,
-        "bytes": num_bytes,
-        "documents": documents,
-    }
-
-
 @torch.no_grad()
-def evaluate_model(
+def document_nll(
     model: nn.Module,
-    heldout: dict[str, list[Any]],
+    tokens: list[list[int]],
     *,
     seq_len: int,
     eos_id: int,
     batch_size: int = 16,
     device: torch.device | str = "cpu",
-) -> dict[str, Any]:
-    """Per-source and overall loss and bits per byte of `model` on held-out documents (columns as
-    returned by `data.read_heldout`: source, tokens, num_bytes)."""
+) -> np.ndarray:
+    """The summed NLL (nats, float64) of every token of each document, in order; 0 for an empty one."""
     model.eval()
     windows = [
-        (source, window)
-        for source, tokens in zip(heldout["source"], heldout["tokens"], strict=True)
-        if tokens
-        for window in document_windows(tokens, eos_id, seq_len)
+        (document, window)
+        for document, document_tokens in enumerate(tokens)
+        if document_tokens
+        for window in document_windows(document_tokens, eos_id, seq_len)
     ]
-    nll: dict[str, float] = defaultdict(float)
-    predicted: dict[str, int] = defaultdict(int)
+    nll_N = np.zeros(len(tokens))
     for start in tqdm(range(0, len(windows), batch_size), desc="evaluate", disable=None):
         chunk = windows[start : start + batch_size]
         width = max(len(targets) for _, (_, targets) in chunk)
@@ -85,23 +81,66 @@ def evaluate_model(
         nll_BS = F.cross_entropy(
             logits_BSV.flatten(0, 1), targets_BS.to(device).flatten(), ignore_index=_IGNORE, reduction="none"
         ).view(len(chunk), width)
-        for row, nll_row in enumerate(nll_BS.double().sum(dim=1).tolist()):
-            source, (_, targets) = chunk[row]
-            nll[source] += nll_row
-            predicted[source] += len(targets)
-    num_bytes: dict[str, int] = defaultdict(int)
-    documents: dict[str, int] = defaultdict(int)
-    for source, size in zip(heldout["source"], heldout["num_bytes"], strict=True):
-        num_bytes[source] += size
-        documents[source] += 1
-    sources = {
-        source: _totals(nll[source], predicted[source], num_bytes[source], documents[source])
-        for source in sorted(documents)
+        for (document, _), nll_row in zip(chunk, nll_BS.double().sum(dim=1).tolist(), strict=True):
+            nll_N[document] += nll_row
+    return nll_N
+
+
+def summarize(
+    sources: list[str], nll_N: np.ndarray, tokens_N: np.ndarray, bytes_N: np.ndarray, *, seed: int = 0
+) -> dict[str, Any]:
+    """Per-source and overall figures, each with its document count and 95% bootstrap intervals."""
+    sources_N = np.asarray(sources)
+    per_source = {
+        source: _figures(nll_N[mask], tokens_N[mask], bytes_N[mask], None, seed)
+        for source in sorted(set(sources))
+        if (mask := sources_N == source).any()
     }
-    overall = _totals(
-        sum(nll.values()), sum(predicted.values()), sum(num_bytes.values()), sum(documents.values())
+    return {"overall": _figures(nll_N, tokens_N, bytes_N, sources_N, seed), "sources": per_source}
+
+
+def _figures(
+    nll_N: np.ndarray, tokens_N: np.ndarray, bytes_N: np.ndarray, strata_N: np.ndarray | None, seed: int
+) -> dict[str, Any]:
+    nll, tokens, num_bytes = float(nll_N.sum()), int(tokens_N.sum()), int(bytes_N.sum())
+    bits_N = nll_N / math.log(2)
+    return {
+        "loss": nll / tokens if tokens else None,
+        "loss_ci": list(ratio_interval(nll_N, tokens_N, strata_N, seed=seed)) if tokens else None,
+        "bits_per_byte": nll / (math.log(2) * num_bytes) if num_bytes else None,
+        "bits_per_byte_ci": list(ratio_interval(bits_N, bytes_N, strata_N, seed=seed)) if num_bytes else None,
+        "nll_nats": nll,
+        "tokens": tokens,
+        "bytes": num_bytes,
+        "documents": len(nll_N),
+    }
+
+
+def evaluate_model(
+    model: nn.Module,
+    heldout: dict[str, list[Any]],
+    *,
+    seq_len: int,
+    eos_id: int,
+    batch_size: int = 16,
+    device: torch.device | str = "cpu",
+) -> dict[str, Any]:
+    """Per-source and overall loss and bits per byte of `model` on held-out documents (columns as
+    returned by `data.read_heldout`: source, tokens, num_bytes), with intervals and document counts;
+    under "per_document" the columns source, id, nll_nats, tokens, num_bytes."""
+    nll_N = document_nll(
+        model, heldout["tokens"], seq_len=seq_len, eos_id=eos_id, batch_size=batch_size, device=device
     )
-    return {"overall": overall, "sources": sources}
+    tokens_N = np.array([len(tokens) for tokens in heldout["tokens"]], dtype=np.int64)
+    bytes_N = np.array(heldout["num_bytes"], dtype=np.int64)
+    per_document = {
+        "source": list(heldout["source"]),
+        "id": list(heldout["id"]),
+        "nll_nats": nll_N.tolist(),
+        "tokens": tokens_N.tolist(),
+        "num_bytes": bytes_N.tolist(),
+    }
+    return {**summarize(heldout["source"], nll_N, tokens_N, bytes_N), "per_document": per_document}
 
 
 def evaluate_checkpoint(
@@ -112,6 +151,11 @@ def evaluate_checkpoint(
     device: torch.device | str = "cpu",
 ) -> dict[str, Any]:
     """Evaluate a trained checkpoint (`<out>/checkpoints/step_<N>`) on `<data_dir>/heldout.parquet`."""
+    heldout = read_heldout(data_dir)
+    if not heldout["source"]:
+        raise ValueError(
+            f"{data_dir}/heldout.parquet holds no documents to evaluate on (mixture.heldout_min_documents 0?)"
+        )
     model, config = load_model(checkpoint_dir, device)
     mixture = read_mixture(data_dir)
     if mixture.vocab_size != config.model.vocab_size:
@@ -121,7 +165,7 @@ def evaluate_checkpoint(
         )
     results = evaluate_model(
         model,
-        read_heldout(data_dir),
+        heldout,
         seq_len=config.model.seq_len,
         eos_id=mixture.eos_id,
         batch_size=batch_size,
@@ -129,6 +173,42 @@ def evaluate_checkpoint(
     )
     state = json.loads((Path(checkpoint_dir) / "state.json").read_text())
     return {"checkpoint": str(checkpoint_dir), "step": state["step"], "data_dir": str(data_dir), **results}
+
+
+EVAL_FILE = "eval.json"
+EVAL_DOCUMENTS_FILE = "eval_documents.parquet"
+
+
+def evaluate_run(
+    run_dir: Path, data_dir: Path, *, device: torch.device | str = "cpu", batch_size: int = 16
+) -> dict[str, Any]:
+    """Score the newest checkpoint of `run_dir` on `data_dir`'s held-out documents and write
+    `eval.json` and `eval_documents.parquet` beside it; returns the figures."""
+    checkpoint = latest_checkpoint(run_dir)
+    if checkpoint is None:
+        raise ValueError(f"{run_dir}: no finished checkpoint to evaluate")
+    results = evaluate_checkpoint(checkpoint, data_dir, batch_size=batch_size, device=device)
+    return write_evaluation(results, Path(run_dir) / EVAL_FILE, Path(run_dir) / EVAL_DOCUMENTS_FILE)
+
+
+def write_evaluation(results: dict[str, Any], json_path: Path, documents_path: Path) -> dict[str, Any]:
+    """Write the figures as JSON and the per-document losses as parquet; returns the figures."""
+    figures = {key: value for key, value in results.items() if key != "per_document"}
+    for path, write in (
+        (documents_path, lambda tmp: pq.write_table(pa.table(results["per_document"]), tmp)),
+        (json_path, lambda tmp: tmp.write_text(json.dumps(figures, indent=2) + "\n")),
+    ):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.partial")
+        write(partial)
+        partial.replace(path)
+    return figures
+
+
+def resolve_device(choice: str) -> str:
+    if choice == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return choice
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,13 +219,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, required=True, help="tokenized mixture directory")
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write the results to")
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, or auto (cuda when present)")
     args = parser.parse_args(argv)
-    results = evaluate_checkpoint(args.checkpoint, args.data, batch_size=args.batch_size, device=args.device)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
-    overall = results["overall"]
-    print(f"held-out loss {overall['loss']:.4f} nats/token, {overall['bits_per_byte']:.4f} bits/byte")
+    results = evaluate_checkpoint(
+        args.checkpoint, args.data, batch_size=args.batch_size, device=resolve_device(args.device)
+    )
+    figures = write_evaluation(results, args.out, args.out.with_name(args.out.stem + "_documents.parquet"))
+    overall = figures["overall"]
+    low, high = overall["bits_per_byte_ci"]
+    print(
+        f"held-out loss {overall['loss']:.4f} nats/token, {overall['bits_per_byte']:.4f} bits/byte "
+        f"(95% interval {low:.4f}-{high:.4f}, {overall['documents']} documents)"
+    )
     return 0
 
 

@@ -10,6 +10,8 @@ Batch i is a pure function of (seed, i): the same on every machine and after any
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 
@@ -48,13 +50,21 @@ class SyntheticBatches:
         return batch_BS[:, :-1], batch_BS[:, 1:]
 
 
-def train_on_synthetic(config: Config, steps: int) -> list[float]:
+def train_on_synthetic(
+    config: Config,
+    steps: int,
+    device: torch.device | None = None,
+    step_seconds: list[float] | None = None,
+) -> list[float]:
     """Train `config` from its seed on the synthetic stream for `steps` steps, in this process,
-    with the trainer's own step (precision recipe, optimizer, bias balancing); the losses."""
+    with the trainer's own step (precision recipe, optimizer, bias balancing); the losses.
+
+    `step_seconds`, when given, receives each step's wall time (the loss read back ends the step)."""
     from moe_dag.training.trainer import train_step  # the trainer imports the data room's readers
 
+    device = device or torch.device("cpu")
     torch.manual_seed(config.train.seed)
-    model = build_model(config.model)
+    model = build_model(config.model, device)
     recipe = build_recipe(config.precision)
     recipe.prepare(model)
     optimizer = build_optimizer(model, config.optim)
@@ -66,5 +76,10 @@ def train_on_synthetic(config: Config, steps: int) -> list[float]:
         batch_size=config.train.batch_size,
         seed=config.train.seed,
     )
-    device = torch.device("cpu")
-    return [train_step(model, optimizer, scheduler, batches, config, device, recipe)[0] for _ in range(steps)]
+    losses = []
+    for _ in range(steps):
+        started = time.perf_counter()
+        losses.append(train_step(model, optimizer, scheduler, batches, config, device, recipe)[0])
+        if step_seconds is not None:
+            step_seconds.append(time.perf_counter() - started)
+    return losses

@@ -7,6 +7,7 @@ run continues from the newest one, so rerunning a finished or killed run is safe
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -36,7 +37,8 @@ from moe_dag.training.model import Transformer, build_model
 from moe_dag.training.optim import build_optimizer, build_scheduler
 from moe_dag.training.params import ParamCounts, count_parameters, flops_per_token
 from moe_dag.training.precision import PrecisionRecipe, build_recipe
-from moe_dag.training.run_outputs import MetricsLog, plot_loss, write_summary
+from moe_dag.training.run_lock import run_lock
+from moe_dag.training.run_outputs import MetricsLog, write_plots, write_summary
 from moe_dag.training.tracking import start_tracking
 
 log = logging.getLogger(__name__)
@@ -114,10 +116,13 @@ def train_step(
 
 
 def train(config: Config, data_dir: Path, out_dir: Path) -> dict[str, Any]:
-    """Train (or continue training) to `config.train.steps`; returns the summary written to summary.json."""
+    """Train (or continue training) to `config.train.steps`; returns the summary written to summary.json.
+
+    Rank 0 holds the run folder's lock throughout: a second trainer on the same folder is refused."""
     info = distributed.init_distributed(config.train.device)
     try:
-        return _train(config, Path(data_dir), Path(out_dir), info)
+        with run_lock(Path(out_dir)) if info.is_main else contextlib.nullcontext():
+            return _train(config, Path(data_dir), Path(out_dir), info)
     finally:
         distributed.shutdown()
 
@@ -148,12 +153,10 @@ def _build(config: Config, data_dir: Path, info: distributed.DistInfo) -> _Parts
     )
     balancer.register(optimizer)
     batches = TrainBatches(
-        data_dir,
-        batch_size=config.train.batch_size,
-        seed=config.train.seed,
-        rank=info.rank,
-        world_size=info.world_size,
+        data_dir, batch_size=config.train.batch_size, rank=info.rank, world_size=info.world_size
     )
+    if info.is_main:
+        batches.warn_if_repeating(config.train.steps * config.train.grad_accum_steps)
     return _Parts(
         model=model,
         optimizer=optimizer,
@@ -233,6 +236,7 @@ def _train(config: Config, data_dir: Path, out_dir: Path, info: distributed.Dist
             "tokens_per_s": tokens_per_s,
             "mfu": tokens_per_s * token_flops / peak if peak else None,
             "load_imbalance": parts.balancer.imbalance,
+            "source_shares": parts.batches.source_shares(),
         }
         router = parts.router_health.observe(parts.balancer.load_LE)
         if router is not None:
@@ -264,6 +268,7 @@ def _train(config: Config, data_dir: Path, out_dir: Path, info: distributed.Dist
         "wall_seconds": wall_seconds,
         "steps_per_second": (state.step - first_step) / wall_seconds if state.step > first_step else None,
         "world_size": info.world_size,
+        "device": str(info.device),
     }
     return _write_outputs(out_dir, metrics, run, parts.params, config, data_dir)
 
@@ -300,13 +305,15 @@ def _write_outputs(
     write_summary(out_dir / "summary.json", summary)
     if records:
         title = f"{params.total:,} params ({params.active:,} active), {run['tokens_seen']:,} tokens"
-        plot_loss(records, out_dir / "loss.png", title=title)
+        write_plots(records, out_dir, title=title, target_shares=read_mixture(data_dir).target_shares)
     return summary
 
 
 def _flat(record: dict[str, Any]) -> dict[str, float]:
-    flat = {key: value for key, value in record.items() if key not in ("step", "load_imbalance", "router")}
+    skipped = ("step", "load_imbalance", "router", "source_shares")
+    flat = {key: value for key, value in record.items() if key not in skipped}
     flat.update({f"load_imbalance/layer_{i}": value for i, value in enumerate(record["load_imbalance"])})
+    flat.update({f"source_share/{name}": share for name, share in record.get("source_shares", {}).items()})
     router = record.get("router")
     if router is not None:
         for key in ("max_over_mean", "dead_experts", "entropy", "bias_min", "bias_max", "dropped_fraction"):

@@ -26,7 +26,8 @@ from moe_dag.data.engine.shards import ShardInput
 from moe_dag.data.engine.stage import ShardOutput, ShardWork, merge_counts
 from moe_dag.data.filters import DocumentFilter, run_filters
 from moe_dag.data.lake import Lake, read_batches
-from moe_dag.data.mixture.build import HELDOUT_SCHEMA, heldout_table, split_heldout
+from moe_dag.data.mixture.build import HELDOUT_SCHEMA, heldout_table
+from moe_dag.data.mixture.heldout import split_at_cut
 from moe_dag.data.mixture.token_shards import TokenShardWriter
 from moe_dag.data.readers import read_shard_batches
 from moe_dag.data.schema import DOCUMENT_SCHEMA, QUARANTINE_SCHEMA, kept_rows, reason_counts
@@ -174,8 +175,9 @@ class ScoringWork(ShardWork):
 
 class TokenizeWork(ShardWork):
     """Token shards of the kept scored documents: `<key>.bin` + `<key>.index.parquet` under
-    `tokens_stage` for training, `<key>.parquet` under `heldout_stage` for evaluation (the held-out
-    split depends on each id alone, so it is the same whatever the shards)."""
+    `tokens_stage` for training, `<key>.parquet` under `heldout_stage` for evaluation. Each source's
+    held-out cut (see heldout.py) is computed once from its ids, so the split is the same whatever the
+    shards."""
 
     def __init__(
         self,
@@ -183,12 +185,12 @@ class TokenizeWork(ShardWork):
         heldout_stage: str,
         tokenizer_path: str,
         eos_token: str,
-        heldout_fraction: float,
+        heldout_cuts: dict[str, int | None],
     ) -> None:
         self.tokens_stage, self.heldout_stage = tokens_stage, heldout_stage
         self.tokenizer = load_tokenizer(Path(tokenizer_path))
         self.eos = eos_id(self.tokenizer, eos_token)
-        self.heldout_fraction = heldout_fraction
+        self.heldout_cuts = heldout_cuts
 
     def process(self, shard: ShardInput, out: ShardOutput) -> dict[str, Any]:
         token_writer = TokenShardWriter(
@@ -201,7 +203,7 @@ class TokenizeWork(ShardWork):
         documents = held = 0
         with token_writer:
             for batch in kept_batches(shard, out):
-                train, held_rows = split_heldout(batch, self.heldout_fraction)
+                train, held_rows = split_at_cut(batch, self.heldout_cuts[out.source])
                 token_writer.write(train)
                 heldout.write(heldout_table(held_rows, self.tokenizer, self.eos, out.source))
                 documents += batch.num_rows

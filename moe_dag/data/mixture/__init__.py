@@ -1,6 +1,8 @@
-"""The tokenised training mixture: token shards, the deficit-rule sampler, and the build that packs them."""
+"""The tokenised training mixture: held-out split, token shards, the deficit-rule sampler, and the build
+that packs them."""
 
-from moe_dag.data.mixture.build import MixtureConfig, build_mixture, pack_mixture, rank_slice
+from moe_dag.data.mixture.build import MixtureConfig, build_mixture, pack_mixture
+from moe_dag.data.mixture.heldout import split_heldout, training_documents
 from moe_dag.data.mixture.sampler import MixtureSampler
 from moe_dag.data.mixture.token_shards import SourceTokens, TokenShard, write_token_shard
 
@@ -11,6 +13,7 @@ __all__ = [
     "TokenShard",
     "build_mixture",
     "pack_mixture",
-    "rank_slice",
+    "split_heldout",
+    "training_documents",
     "write_token_shard",
 ]

@@ -1,14 +1,20 @@
 """Build the tokenised training mixture: held-out split, token shards, sampled and packed sequences.
 
-The files under `out_dir` are a contract with the trainer (moe_dag/training reads them):
+The files under `out_dir` are a contract with the trainer (moe_dag/training/data.py reads them; nothing
+else under `out_dir` is read outside this package):
 
     train.npy        [num_sequences, seq_len + 1] token ids, dtype uint16 (vocab <= 65536) or uint32;
-                     row r is inputs r[:-1] and targets r[1:]; open with np.load(path, mmap_mode="r")
+                     row r is inputs r[:-1] and targets r[1:]; open with np.load(path, mmap_mode="r").
+                     The rows are the sampler's stream cut in order, never shuffled: the trainer reads
+                     them in file order, so every prefix of training keeps the target shares.
+    train_source_tokens.npy
+                     [num_sequences, len(source_columns)] int32: tokens of each source in each row
     heldout.parquet  source, id, tokens (list<int32>: the document's tokens + EOS), num_bytes (UTF-8 bytes
-                     of its text): the documents kept out of training, for bits-per-byte evaluation
-    mixture.json     the report: seq_len, vocab_size, eos_id, dtype, num_sequences, total_tokens, per
-                     source {target_share, achieved_share, tokens, documents, epochs, heldout_documents,
-                     ...}, sampler_state, config
+                     of its text): the documents kept out of training (and out of the tokenizer's
+                     training text), for bits-per-byte evaluation; see heldout.py for how many
+    mixture.json     the report: seq_len, vocab_size, eos_id, dtype, num_sequences, total_tokens,
+                     source_columns, per source {target_share, achieved_share, tokens, documents, epochs,
+                     train_documents, heldout_documents, trained, ...}, warnings, sampler_state, config
     shards/          one token shard per source (see token_shards.py); when the engine tokenised the
                      lake's shards in parallel, they lie in the lake instead and `pack_mixture` reads them
 
@@ -31,13 +37,13 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from moe_dag.data.atomic import atomic_path
-from moe_dag.data.mixture.sampler import MixtureSampler, check_weights, stable_hash
+from moe_dag.data.mixture.heldout import heldout_count, split_heldout
+from moe_dag.data.mixture.sampler import MixtureSampler, check_weights
 from moe_dag.data.mixture.token_shards import SourceTokens, encode_documents, token_dtype, write_token_shard
 from moe_dag.data.tokenizer import eos_id
 
@@ -45,6 +51,7 @@ TRAIN_FILE = "train.npy"
 HELDOUT_FILE = "heldout.parquet"
 REPORT_FILE = "mixture.json"
 SHARDS_DIR = "shards"
+SOURCE_TOKENS_FILE = "train_source_tokens.npy"
 
 HELDOUT_SCHEMA = pa.schema(
     [
@@ -64,6 +71,8 @@ class MixtureConfig:
     seed: int = 0
     max_epochs: float = 4.0
     heldout_fraction: float = 0.05
+    # Held out per source at least this many documents, or the whole source when it has fewer.
+    heldout_min_documents: int = 50
     # The end-of-document token appended after every document; a pretrained tokenizer may name it differently.
     eos_token: str = "<|endoftext|>"
 
@@ -81,7 +90,7 @@ def build_mixture(
     sources: dict[str, SourceTokens] = {}
     heldout_parts: list[pa.Table] = []
     for source in sorted(documents):
-        train, held = split_heldout(documents[source], config.heldout_fraction)
+        train, held = split_heldout(documents[source], config.heldout_fraction, config.heldout_min_documents)
         shard = write_token_shard(train, tokenizer, eos, out_dir / SHARDS_DIR, source)
         sources[source] = SourceTokens(source, [shard])
         heldout_parts.append(heldout_table(held, tokenizer, eos, source))
@@ -105,8 +114,15 @@ def pack_mixture(
     out_dir.mkdir(parents=True, exist_ok=True)
     _write_parquet(heldout, out_dir / HELDOUT_FILE)
 
-    lengths = {source: tokens.lengths for source, tokens in sources.items()}
-    sampler = MixtureSampler(lengths, config.weights, seed=config.seed, max_epochs=config.max_epochs)
+    # A source held out whole is scored but never trained on; the rest share its weight.
+    lengths = {source: tokens.lengths for source, tokens in sources.items() if len(tokens)}
+    if not lengths:
+        raise ValueError(
+            f"every source is held out whole (heldout_min_documents={config.heldout_min_documents}): "
+            "nothing is left to train on"
+        )
+    weights = {source: config.weights[source] for source in lengths}
+    sampler = MixtureSampler(lengths, weights, seed=config.seed, max_epochs=config.max_epochs)
     row = config.seq_len + 1
     wanted = None if config.total_tokens is None else config.total_tokens // row * row
     plan, capped_at, stream_tokens = _draw(sampler, lengths, wanted)
@@ -114,32 +130,13 @@ def pack_mixture(
     if num_sequences == 0:
         raise ValueError(f"the mixture drew {stream_tokens} tokens, less than one sequence of {row}")
     dtype = token_dtype(vocab_size)
-    packed = _pack(plan, sources, num_sequences, row, dtype, out_dir / TRAIN_FILE)
+    packed = _pack(plan, sources, num_sequences, row, dtype, out_dir)
 
-    report = {"vocab_size": vocab_size, "eos_id": eos, "dtype": dtype.name}
+    report = {"vocab_size": vocab_size, "eos_id": eos, "dtype": dtype.name, "source_columns": sorted(sources)}
     report |= _report(config, sampler, sources, heldout, packed, plan, capped_at, num_sequences, wanted)
     with atomic_path(out_dir / REPORT_FILE) as partial:
         partial.write_text(json.dumps(report, indent=2) + "\n")
     return report
-
-
-def split_heldout(table: pa.Table, fraction: float) -> tuple[pa.Table, pa.Table]:
-    """(training, held-out) rows. A document is held out when a hash of its id falls under `fraction`:
-    the split depends on nothing but the id, so it is the same across seeds, reruns and added documents."""
-    threshold = fraction * 2**64
-    held = [stable_hash(doc_id) < threshold for doc_id in table["id"].to_pylist()]
-    mask = pa.array(held, pa.bool_())
-    return table.filter(pc.invert(mask)), table.filter(mask)
-
-
-def rank_slice(num_sequences: int, rank: int, world_size: int) -> slice:
-    """The rows of train.npy that data-parallel `rank` reads: contiguous, disjoint, together covering all
-    rows, sizes differing by at most one."""
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} is outside world_size {world_size}")
-    if num_sequences < 0:
-        raise ValueError(f"num_sequences must be non-negative, got {num_sequences}")
-    return slice(num_sequences * rank // world_size, num_sequences * (rank + 1) // world_size)
 
 
 def heldout_table(table: pa.Table, tokenizer: Tokenizer, eos: int, source: str) -> pa.Table:
@@ -186,12 +183,14 @@ def _pack(
     num_sequences: int,
     row: int,
     dtype: np.dtype,
-    path: Path,
+    out_dir: Path,
 ) -> dict[str, int]:
     """Concatenate the planned documents and cut the stream into `num_sequences` rows of `row` tokens
-    (the tail that does not fill a row is dropped). Returns the tokens each source put into train.npy."""
-    packed = {source: 0 for source in shards}
-    with atomic_path(path) as partial:
+    (the tail that does not fill a row is dropped) in train.npy, counting each row's tokens per source in
+    train_source_tokens.npy. Returns the tokens each source put into train.npy."""
+    columns = {source: column for column, source in enumerate(sorted(shards))}
+    source_tokens = np.zeros((num_sequences, len(columns)), dtype=np.int32)
+    with atomic_path(out_dir / TRAIN_FILE) as partial:
         rows = np.lib.format.open_memmap(partial, mode="w+", dtype=dtype, shape=(num_sequences, row))
         flat = rows.reshape(-1)
         cursor = 0
@@ -200,11 +199,25 @@ def _pack(
                 break
             tokens = shards[source].document(document)[: len(flat) - cursor]
             flat[cursor : cursor + len(tokens)] = tokens
+            _count_rows(source_tokens[:, columns[source]], cursor, cursor + len(tokens), row)
             cursor += len(tokens)
-            packed[source] += len(tokens)
         rows.flush()
         del rows, flat
-    return packed
+        with atomic_path(out_dir / SOURCE_TOKENS_FILE) as counts_partial, counts_partial.open("wb") as handle:
+            np.save(handle, source_tokens)
+    totals = source_tokens.sum(axis=0, dtype=np.int64)
+    return {source: int(totals[column]) for source, column in columns.items()}
+
+
+def _count_rows(counts_R: np.ndarray, start: int, end: int, row: int) -> None:
+    """Add to each row's count the tokens of stream positions [start, end) that fall in it."""
+    first, last = start // row, (end - 1) // row
+    if first == last:
+        counts_R[first] += end - start
+        return
+    counts_R[first] += (first + 1) * row - start
+    counts_R[first + 1 : last] += row
+    counts_R[last] += end - last * row
 
 
 def _report(
@@ -219,6 +232,7 @@ def _report(
     wanted: int | None,
 ) -> dict:
     total = sum(packed.values())
+    total_weight = sum(config.weights.values())
     heldout_counts = Counter(heldout["source"].to_pylist())
     sources = {}
     warnings = []
@@ -226,18 +240,26 @@ def _report(
         # Capped with draws after it: the other sources kept going, so this one's share fell short.
         short = source in capped_at and capped_at[source] < len(plan)
         achieved = packed[source] / total if total else 0.0
-        target = sampler.target_shares[source]
+        trained = source in sampler.target_shares
+        target = config.weights[source] / total_weight
         sources[source] = {
             "target_share": target,
             "achieved_share": achieved,
             "tokens": packed[source],
-            "documents": sampler.documents_drawn[source],
-            "epochs": sampler.epochs[source],
+            "documents": sampler.documents_drawn[source] if trained else 0,
+            "epochs": sampler.epochs[source] if trained else 0.0,
             "train_documents": len(shard),
             "heldout_documents": heldout_counts[source],
             "capped": source in capped_at,
             "short": short,
+            "trained": trained,
         }
+        if not trained:
+            warnings.append(
+                f"source {source!r} has only {heldout_counts[source]} documents, all held out for evaluation "
+                f"(heldout_min_documents={config.heldout_min_documents}): it is scored but not trained on, "
+                "and the other sources' shares grow to fill its target"
+            )
         if short:
             warnings.append(
                 f"source {source!r} hit its cap of {config.max_epochs} epochs; achieved share "
@@ -275,5 +297,4 @@ def _validate(config: MixtureConfig, documents: dict[str, pa.Table]) -> None:
             f"MixtureConfig.total_tokens={config.total_tokens} does not fill one sequence of "
             f"seq_len + 1 = {config.seq_len + 1} tokens"
         )
-    if not 0 <= config.heldout_fraction < 1:
-        raise ValueError(f"MixtureConfig.heldout_fraction must be in [0, 1), got {config.heldout_fraction}")
+    heldout_count(0, config.heldout_fraction, config.heldout_min_documents)  # raises on bad values

@@ -1,0 +1,150 @@
+"""Training runs launched from assets: the command line, the run folder, Dagster Pipes, the results.
+
+The asset starts `python -m moe_dag.training` (which starts torchrun's workers itself for several
+processes) through Dagster Pipes: the trainer streams its log into the run's event log as it trains and
+reports its final figures, held-out evaluation included, as the asset's materialization. The trainer
+dies with the Dagster process that launched it (lifeline.py) and refuses a run folder another trainer
+holds (run_lock.py), so a killed orchestrator never leaves a second writer behind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shlex
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import numpy as np
+
+# Raised by PipesSubprocessClient on a non-zero exit; Dagster 1.13 exports it from here only.
+from dagster._core.errors import DagsterPipesExecutionError
+
+from moe_dag.assets.plots import bars_png, png_markdown
+from moe_dag.config import TrainingLaunchConfig
+from moe_dag.training.data import DATA_ORDER
+from moe_dag.training.evaluate import EVAL_FILE
+from moe_dag.training.lifeline import launcher_env
+from moe_dag.training.run_outputs import MetricsLog
+
+LATEST_FILE = "latest"
+RUN_PLOTS = {"loss_curve": "loss.png", "expert_load": "expert_load.png", "source_shares": "source_shares.png"}
+
+
+def training_command(
+    launch: TrainingLaunchConfig, data_dir: Path, out_dir: Path, eval_on: Path | None = None
+) -> list[str]:
+    """The command line of the training process (one process, or torchrun's workers started by it)."""
+    arguments = ["--data", str(data_dir), "--out", str(out_dir), "--preset", launch.preset]
+    arguments += ["--steps", str(launch.steps), "--seed", str(launch.seed)]
+    arguments += ["--nproc-per-node", str(launch.nproc_per_node)]
+    if eval_on is not None:
+        arguments += ["--eval-on", str(eval_on)]
+    for key, value in sorted(launch.overrides.items()):
+        arguments += ["--set", f"{key}={value}"]
+    return [sys.executable, "-m", "moe_dag.training", *arguments]
+
+
+def run_dir_for(data_dir: Path, launch: TrainingLaunchConfig, root: Path) -> Path:
+    """One folder per (mixture, training config, data order): a rerun resumes there, new inputs (or a
+    trainer that reads the mixture in another order) start afresh."""
+    mixture = (data_dir / "mixture.json").read_bytes()
+    launch_json = json.dumps(dataclasses.asdict(launch), sort_keys=True, default=str).encode()
+    return root / hashlib.sha256(mixture + launch_json + DATA_ORDER.encode()).hexdigest()[:12]
+
+
+def launch_training(
+    context: dg.AssetExecutionContext,
+    launch: TrainingLaunchConfig,
+    data_dir: Path,
+    out_dir: Path,
+    eval_on: Path | None = None,
+) -> dict[str, Any]:
+    """Train (resuming in `out_dir`) and evaluate on `eval_on`; returns the metadata the run reported."""
+    command = training_command(launch, data_dir, out_dir, eval_on)
+    context.log.info("launching: " + shlex.join(command))
+    client = dg.PipesSubprocessClient(env=launcher_env())
+    try:
+        with warnings.catch_warnings():
+            # Raised by Dagster's own Pipes client about an API it uses inside: nothing to act on here.
+            warnings.simplefilter("ignore", dg.PreviewWarning)
+            invocation = client.run(context=context, command=command)
+    except DagsterPipesExecutionError as error:
+        raise dg.Failure(
+            f"the training process failed ({error}); its last log lines above say why "
+            f"(exit code 2: {out_dir} is in use by another trainer)"
+        ) from error
+    (out_dir.parent / LATEST_FILE).write_text(out_dir.name)
+    return dict(invocation.get_materialize_result().metadata)
+
+
+def latest_run(root: Path) -> Path:
+    """The run folder the newest materialisation trained in."""
+    pointer = Path(root) / LATEST_FILE
+    if not pointer.exists():
+        raise dg.Failure(f"{pointer} not found: materialise the training asset first")
+    return Path(root) / pointer.read_text().strip()
+
+
+def run_plots(run_dir: Path) -> dict[str, dg.MetadataValue]:
+    return {
+        key: dg.MetadataValue.md(png_markdown(run_dir / name, key.replace("_", " ")))
+        for key, name in RUN_PLOTS.items()
+        if (run_dir / name).exists()
+    }
+
+
+def read_evaluation(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / EVAL_FILE
+    if not path.exists():
+        raise dg.Failure(f"{path} not found: the run was not evaluated; rematerialise its training asset")
+    return json.loads(path.read_text())
+
+
+def evaluation_rows(report: dict[str, Any], with_overall: bool = False) -> list[dict[str, Any]]:
+    """One flat row per source (then one for "all" sources when asked), intervals as low/high columns."""
+    named = sorted(report["sources"].items()) + ([("all", report["overall"])] if with_overall else [])
+    rows = []
+    for source, figures in named:
+        row: dict[str, Any] = {"source": source}
+        for key, value in figures.items():
+            if key.endswith("_ci"):
+                row[f"{key}_low"], row[f"{key}_high"] = value or (None, None)
+            else:
+                row[key] = value
+        rows.append(row)
+    return rows
+
+
+def markdown_table(rows: list[dict[str, Any]], columns: dict[str, str]) -> str:
+    """A markdown table of `rows` with `columns` (row key -> header); floats to 4 decimals."""
+
+    def cell(value: Any) -> str:
+        return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+    lines = ["| " + " | ".join(columns.values()) + " |", "|" + " --- |" * len(columns)]
+    lines += ["| " + " | ".join(cell(row.get(key, "")) for key in columns) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def bits_per_byte_plot(series: dict[str, list[dict[str, Any]]], title: str) -> dg.MetadataValue:
+    """Bars of bits per byte per source for each named list of evaluation rows, with 95% intervals."""
+    first = next(iter(series.values()))
+    labels = [row["source"] for row in first]
+    values = {name: [row["bits_per_byte"] for row in rows] for name, rows in series.items()}
+    errors = {
+        name: [(row["bits_per_byte_ci_low"], row["bits_per_byte_ci_high"]) for row in rows]
+        for name, rows in series.items()
+    }
+    png = bars_png(labels, values, "held-out bits per byte", title, intervals=errors)
+    return dg.MetadataValue.md(png_markdown(png, title))
+
+
+def training_losses(run_dir: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, training loss) of a run, from its metrics.jsonl."""
+    records = MetricsLog(run_dir / "metrics.jsonl").read()
+    return np.array([r["step"] for r in records]), np.array([r["loss"] for r in records])
