@@ -99,11 +99,12 @@ class ExpertParallelDispatch:
 
     def __init__(self, mesh: DeviceMesh | None, *, num_experts: int, drops_pairs: bool, fp8: bool) -> None:
         self.mesh = mesh
-        self.ranks = 1 if mesh is None else mesh.size(mesh_dim="ep")
-        self.group = mesh.get_group("ep") if self.ranks > 1 else None
-        position = 0 if mesh is None else mesh.get_local_rank("ep")
+        ep_mesh = None if mesh is None else mesh["ep"]
+        self.ranks = 1 if ep_mesh is None else ep_mesh.size()
         if num_experts % self.ranks:
             raise ValueError(f"model.num_experts={num_experts} must be divisible by parallel.ep={self.ranks}")
+        self.group = ep_mesh.get_group() if self.ranks > 1 else None
+        position = 0 if ep_mesh is None else ep_mesh.get_local_rank()
         self.num_experts, self.drops_pairs, self.fp8 = num_experts, drops_pairs, fp8
         self.local_experts = num_experts // self.ranks
         self.first_expert = position * self.local_experts

@@ -228,7 +228,8 @@ class MoE(nn.Module):
             if config.num_shared_experts
             else None
         )
-        self.output_norm_scale = nn.Parameter(torch.empty(()))
+        # A 1-element vector rather than a 0-d tensor: FSDP2 shards no 0-d parameter.
+        self.output_norm_scale = nn.Parameter(torch.empty(1))
         # Counted in training forwards only, summed over micro-batches, zeroed by ExpertBiasUpdater.
         self.register_buffer(
             "tokens_per_expert_E", torch.zeros(config.num_experts, dtype=torch.float32), persistent=False
@@ -251,7 +252,7 @@ class MoE(nn.Module):
             expert_NK = drop_over_capacity(expert_NK, self.num_experts, capacity)
         if self.training:
             self._count(routed, expert_NK)
-            self.router_loss = self._router_loss(routed, expert_NK.view(B, S, -1))
+            self.router_loss = self._router_loss(routed, expert_NK.view(B, S, self.top_k))
         y_ND = self.dispatch(self.experts, x_ND, expert_NK, routed.gate_NK)
         if self.shared is not None:
             y_ND = y_ND + self.shared(x_ND)
