@@ -10,8 +10,15 @@ most of their cost on a loaded machine).
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import shutil
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -22,8 +29,11 @@ from moe_dag.training.distributed import DistInfo
 from moe_dag.training.expert_parallel import ExpertParallelDispatch
 from moe_dag.training.load_balance import ExpertBiasUpdater
 from moe_dag.training.model import Transformer, build_model
+from moe_dag.training.optim import build_optimizer, build_scheduler
 from moe_dag.training.parallelize import Parallelism
+from moe_dag.training.precision import build_recipe
 from moe_dag.training.synthetic import SyntheticBatches
+from moe_dag.training.trainer import train, train_step
 
 NUM_EXPERTS, D_MODEL = 8, 32
 
@@ -226,10 +236,6 @@ class _RankSlice:
 
 def check_training(info: DistInfo, parallel_config: ParallelConfig, grad_accum_steps: int, steps: int = 3):
     """`train_step` on this rank's slice of each batch follows one process on the whole batches."""
-    from moe_dag.training.optim import build_optimizer, build_scheduler
-    from moe_dag.training.precision import build_recipe
-    from moe_dag.training.trainer import train_step
-
     config = tiny()
     config = dataclasses.replace(
         config,
@@ -276,3 +282,62 @@ def test_two_ranks_of_experts_equal_one_process() -> None:
 @pytest.mark.slow
 def test_four_ranks_of_experts_equal_one_process() -> None:
     spawn(_four_rank_worker, 4)
+
+
+# ---------------------------------------------------------------- the training entry point
+
+
+@pytest.fixture
+def repeating_data(tmp_path: Path) -> Path:
+    from test_trainer import SEQ_LEN, write_mixture
+
+    rows = (np.arange(24)[:, None] + np.arange(SEQ_LEN + 1)[None, :]) % 12 + 1
+    return write_mixture(tmp_path / "data", rows)
+
+
+def torchrun_ep2(data: Path, out: Path, steps: int) -> None:
+    """`torchrun --nproc-per-node 2 -m moe_dag.training` with 2 experts per rank, batch 2 per rank."""
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "moe_dag.training",
+    ]
+    command += ["--data", str(data), "--out", str(out), "--preset", "tiny", "--steps", str(steps)]
+    for setting in ("parallel.ep=2", "train.batch_size=2", "train.checkpoint_every=2", "train.num_threads=1"):
+        command += ["--set", setting]
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    child = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert child.returncode == 0, child.stderr[-4000:]
+
+
+def losses(out: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_ep2_training_follows_ep1_and_checkpoints_reshard_both_ways(repeating_data: Path, tmp_path: Path):
+    """One process of batch 4 against 2 ranks of batch 2 with 2 experts each (the same global batches):
+    the same losses step by step, and a checkpoint written at either EP size resumes at the other."""
+    config = tiny()
+    config = dataclasses.replace(
+        config,
+        train=dataclasses.replace(config.train, steps=4, batch_size=4, checkpoint_every=2, num_threads=1),
+    )
+    train(config, repeating_data, tmp_path / "ep1")
+    reference = losses(tmp_path / "ep1")
+
+    torchrun_ep2(repeating_data, tmp_path / "ep2_then_ep1", steps=2)  # saves step 2 at EP=2
+    train(config, repeating_data, tmp_path / "ep2_then_ep1")  # resumes it at EP=1 for steps 3-4
+    assert losses(tmp_path / "ep2_then_ep1") == pytest.approx(reference, rel=1e-5)
+
+    shutil.copytree(
+        tmp_path / "ep1" / "checkpoints" / "step_2", tmp_path / "ep1_then_ep2" / "checkpoints" / "step_2"
+    )
+    torchrun_ep2(repeating_data, tmp_path / "ep1_then_ep2", steps=4)  # resumes EP=1's step 2 at EP=2
+    assert losses(tmp_path / "ep1_then_ep2") == pytest.approx(reference[2:], rel=1e-5)
+    summary = json.loads((tmp_path / "ep1_then_ep2" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["config"]["parallel"]["ep"] == 2

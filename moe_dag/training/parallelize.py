@@ -30,6 +30,8 @@ Use, in this order:
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -115,8 +117,14 @@ class Parallelism:
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, ignored)
         # Buffers are not broadcast: each rank's expert token counts must survive until the optimizer
         # step sums them, and the expert biases stay equal because every rank applies the same update.
+        # (torch 2.13 deprecates the flag, and says to keep it for rank-local buffers until its
+        # replacement can skip the sync at construction.)
         device_ids = [self.info.local_rank] if self.info.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)
+        with warnings.catch_warnings():
+            warnings.filterwarnings(
+                "ignore", message="`broadcast_buffers` is deprecated", category=FutureWarning
+            )
+            return DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)
 
     @torch.no_grad()
     def finish_gradients(self, model: Transformer) -> torch.Tensor:
