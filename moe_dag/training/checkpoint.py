@@ -176,13 +176,7 @@ def _expert_meshes(model: Transformer) -> dict[str, tuple[Any, int]]:
     for name, module in model.named_modules():
         dispatch = getattr(module, "dispatch", None)
         if isinstance(dispatch, ExpertParallelDispatch) and dispatch.mesh is not None:
-            for weight_name, weight in module.experts.named_parameters():
-                if weight.shape[0] != dispatch.local_experts:
-                    raise ValueError(
-                        f"{name}.experts.{weight_name}: expert-parallel checkpoints take stacked expert "
-                        "weights [experts, ...]; these experts keep another layout (precision.recipe "
-                        "fp8 or nvfp4 through Transformer Engine): train them with parallel.ep=1"
-                    )
+            for weight_name, _ in module.experts.named_parameters():  # stacked: [local experts, ...]
                 found[f"{name}.experts.{weight_name}"] = (dispatch.mesh, dispatch.local_experts)
     return found
 

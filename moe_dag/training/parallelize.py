@@ -105,6 +105,14 @@ class Parallelism:
         """The model under data parallelism: DDP (experts left out) or FSDP2 shards, in place."""
         if self.mesh is None:
             return model
+        split = [moe for moe in model.moe_layers() if isinstance(moe.dispatch, ExpertParallelDispatch)]
+        if any(not isinstance(moe.experts, RoutedExperts) for moe in split):
+            raise ValueError(
+                "expert parallelism over several processes checkpoints stacked expert weights; the "
+                "Transformer Engine recipes (precision.recipe fp8, nvfp4) keep one weight per local "
+                "expert instead: use them with parallel.ep=1 and parallel.fp8_dispatch=false, or EP with "
+                "bf16 or fp8-emulated"
+            )
         experts = self.expert_parameters(model)
         if self.config.data_parallel == "fsdp":
             world = init_device_mesh(self.info.device.type, (self.info.world_size,))
