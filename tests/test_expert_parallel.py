@@ -219,7 +219,7 @@ def _four_rank_worker(rank: int, world: int, port: int) -> None:
         check_layer(info, parallel, [12, 20, 16, 8], bias=IDLE_SECOND_HALF)  # ranks 2, 3 receive nothing
         replicated = Parallelism(ParallelConfig(ep=2), info)  # 2 EP groups of 2, experts in 2 replicas
         check_layer(info, replicated, [24, 20, 0, 12])
-        check_training(info, ParallelConfig(ep=2, data_parallel="fsdp"), grad_accum_steps=1)
+        check_training(info, ParallelConfig(ep=2, data_parallel="fsdp"), grad_accum_steps=1, grad_clip=0.05)
     finally:
         dist.destroy_process_group()
 
@@ -234,12 +234,16 @@ class _RankSlice:
         return tuple(t.chunk(self.world)[self.rank] for t in self.batches.next_batch())
 
 
-def check_training(info: DistInfo, parallel_config: ParallelConfig, grad_accum_steps: int, steps: int = 3):
+def check_training(
+    info: DistInfo, parallel_config: ParallelConfig, grad_accum_steps: int, grad_clip: float | None = None
+) -> None:
     """`train_step` on this rank's slice of each batch follows one process on the whole batches."""
+    steps = 3
     config = tiny()
     config = dataclasses.replace(
         config,
         parallel=parallel_config,
+        optim=dataclasses.replace(config.optim, grad_clip=grad_clip),
         train=dataclasses.replace(
             config.train, batch_size=2 * info.world_size, grad_accum_steps=grad_accum_steps
         ),
@@ -272,6 +276,8 @@ def check_training(info: DistInfo, parallel_config: ParallelConfig, grad_accum_s
     for (loss_a, norm_a), (loss_b, norm_b) in zip(single, split, strict=True):
         assert loss_b == pytest.approx(loss_a, rel=1e-5)
         assert norm_b == pytest.approx(norm_a, rel=1e-4)
+    if grad_clip is not None:
+        assert max(norm for _, norm in single) > grad_clip  # clipping took part
 
 
 @pytest.mark.slow

@@ -31,6 +31,7 @@ Use, in this order:
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterable
 
 import torch
 import torch.distributed as dist
@@ -167,3 +168,18 @@ class Parallelism:
         if group is not None:
             dist.all_reduce(squared, group=group)
         return squared
+
+
+@torch.no_grad()
+def clip_gradients(parameters: Iterable[nn.Parameter], max_norm: float, total_norm: torch.Tensor) -> None:
+    """Scale every gradient by min(1, max_norm / total_norm), as torch's `clip_grads_with_norm_` does,
+    with FSDP2's DTensor gradients and plain ones (expert-parallel experts) in separate foreach calls:
+    one call cannot take both."""
+    coefficient = min(1.0, max_norm / (float(total_norm) + 1e-6))
+    grads = [p.grad for p in parameters if p.grad is not None]
+    for kind in (
+        [g for g in grads if isinstance(g, DTensor)],
+        [g for g in grads if not isinstance(g, DTensor)],
+    ):
+        if kind:
+            torch._foreach_mul_(kind, coefficient)

@@ -34,7 +34,7 @@ from moe_dag.training.load_balance import ExpertBiasUpdater
 from moe_dag.training.mfu import peak_flops
 from moe_dag.training.model import Transformer, build_model
 from moe_dag.training.optim import build_optimizer, build_scheduler
-from moe_dag.training.parallelize import Parallelism
+from moe_dag.training.parallelize import Parallelism, clip_gradients
 from moe_dag.training.params import ParamCounts, count_parameters, flops_per_token
 from moe_dag.training.precision import PrecisionRecipe, build_recipe
 from moe_dag.training.run_outputs import MetricsLog, plot_loss, write_summary
@@ -82,7 +82,8 @@ def train_step(
     parallel: Parallelism | None = None,
 ) -> tuple[float, float]:
     """One optimizer step over grad_accum_steps micro-batches; returns (the loss averaged over
-    micro-batches and ranks, this rank's gradient norm).
+    micro-batches and ranks, the gradient norm: of the whole model, every expert counted once, when
+    `parallel` is given).
 
     The forward and loss run under the precision recipe; MoE router losses (when configured) join the
     loss that is differentiated, not the one reported. `detector` sees the loss before the step.
@@ -110,7 +111,7 @@ def train_step(
     if detector is not None:
         detector.check(step, mean_loss, core)  # raises before the step when the run must stop
     if config.optim.grad_clip is not None:
-        torch.nn.utils.clip_grads_with_norm_(model.parameters(), config.optim.grad_clip, grad_norm)
+        clip_gradients(model.parameters(), config.optim.grad_clip, grad_norm)
     optimizer.step()  # the pre-step hook updates the expert biases first
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
