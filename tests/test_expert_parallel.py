@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from moe_dag.training.checkpoint import latest_checkpoint, load_model
 from moe_dag.training.config import Config, ParallelConfig, tiny
 from moe_dag.training.distributed import DistInfo
 from moe_dag.training.expert_parallel import ExpertParallelDispatch
@@ -347,3 +348,10 @@ def test_ep2_training_follows_ep1_and_checkpoints_reshard_both_ways(repeating_da
     assert losses(tmp_path / "ep1_then_ep2") == pytest.approx(reference[2:], rel=1e-5)
     summary = json.loads((tmp_path / "ep1_then_ep2" / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["config"]["parallel"]["ep"] == 2
+
+    # Evaluation reads a checkpoint saved at EP=2 whole, in one process.
+    (ep2_model, _), (ep1_model, _) = (
+        load_model(latest_checkpoint(tmp_path / run)) for run in ("ep1_then_ep2", "ep1")
+    )
+    for (name, a), b in zip(ep1_model.state_dict().items(), ep2_model.state_dict().values(), strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=named(name))

@@ -272,7 +272,8 @@ class MoE(nn.Module):
     def _count(self, routed: RouterOutput, expert_NK: torch.Tensor) -> None:
         E = self.num_experts
         if self.capacity_factor is None:  # nothing dropped: the router already counted
-            load_E, dropped = routed.counts_E.float(), routed.counts_E.new_zeros((), dtype=torch.float32)
+            load_E = routed.counts_E.float()
+            dropped = load_E.new_zeros(())
         else:
             counts = torch.bincount(expert_NK.flatten(), minlength=E + 1).float()
             load_E, dropped = counts[:E], counts[E]
