@@ -58,39 +58,36 @@ def _all_to_all(
     return out
 
 
+def _fp8_all_to_all(
+    x_MD: torch.Tensor, output_splits: list[int], input_splits: list[int], group: dist.ProcessGroup | None
+) -> torch.Tensor:
+    """`_all_to_all` of x quantised to e4m3 (values, then float32 scales, as one byte row), dequantised
+    on arrival into x's dtype."""
+    D = x_MD.shape[1]
+    q_MD, scale_MDb = quantize_fp8_blockwise(x_MD, ACTIVATION_BLOCK)
+    packed = torch.cat((q_MD.view(torch.uint8), scale_MDb.view(torch.uint8)), dim=1)
+    received = _all_to_all(packed, output_splits, input_splits, group)
+    q_RD = received[:, :D].contiguous().view(FP8_DTYPE)
+    scale_RDb = received[:, D:].contiguous().view(torch.float32)
+    return dequantize_fp8_blockwise(q_RD, scale_RDb, ACTIVATION_BLOCK, x_MD.dtype)
+
+
 class _AllToAll(torch.autograd.Function):
-    @staticmethod
-    def forward(
-        ctx: Any, x: torch.Tensor, output_splits: list[int], input_splits: list[int], group: Any
-    ) -> torch.Tensor:
-        ctx.splits, ctx.group = (output_splits, input_splits), group
-        return _all_to_all(x, output_splits, input_splits, group)
+    """Forward: rows to ranks by split sizes (in FP8 when `fp8`). Backward: the gradient goes back
+    unquantised with the splits swapped (through the FP8 rounding as if it were not there)."""
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+    def forward(
+        ctx: Any, x: torch.Tensor, output_splits: list[int], input_splits: list[int], group: Any, fp8: bool
+    ) -> torch.Tensor:
+        ctx.splits, ctx.group = (output_splits, input_splits), group
+        exchange = _fp8_all_to_all if fp8 else _all_to_all
+        return exchange(x, output_splits, input_splits, group)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None, None]:
         output_splits, input_splits = ctx.splits
-        return _all_to_all(grad, input_splits, output_splits, ctx.group), None, None, None
-
-
-class _FP8AllToAll(torch.autograd.Function):
-    """Forward: quantise, send e4m3 values and scales as bytes, dequantise. Backward: `_AllToAll`'s."""
-
-    @staticmethod
-    def forward(
-        ctx: Any, x_MD: torch.Tensor, output_splits: list[int], input_splits: list[int], group: Any
-    ) -> torch.Tensor:
-        ctx.splits, ctx.group = (output_splits, input_splits), group
-        D = x_MD.shape[1]
-        q_MD, scale_MDb = quantize_fp8_blockwise(x_MD, ACTIVATION_BLOCK)
-        packed = torch.cat((q_MD.view(torch.uint8), scale_MDb.view(torch.uint8)), dim=1)
-        received = _all_to_all(packed, output_splits, input_splits, group)
-        q_RD = received[:, :D].contiguous().view(FP8_DTYPE)
-        scale_RDb = received[:, D:].contiguous().view(torch.float32)
-        return dequantize_fp8_blockwise(q_RD, scale_RDb, ACTIVATION_BLOCK, x_MD.dtype)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
-        return _AllToAll.backward(ctx, grad)
+        return _all_to_all(grad, input_splits, output_splits, ctx.group), None, None, None, None
 
 
 class ExpertParallelDispatch:
@@ -117,12 +114,11 @@ class ExpertParallelDispatch:
         sent_PL = pairs.counts_E.view(P, L)
         received_PL = _all_to_all(sent_PL, [1] * P, [1] * P, self.group)
         send_splits, receive_splits = torch.stack((sent_PL.sum(1), received_PL.sum(1))).tolist()
-        exchange = _FP8AllToAll if self.fp8 else _AllToAll
-        x_RD = exchange.apply(pairs.x_MD, receive_splits, send_splits, self.group)
+        x_RD = _AllToAll.apply(pairs.x_MD, receive_splits, send_splits, self.group, self.fp8)
         local_expert_R = torch.repeat_interleave(
             torch.arange(L, device=x_RD.device).repeat(P), received_PL.flatten(), output_size=x_RD.shape[0]
         )
         x_by_expert_RD, counts_L, row_R1 = permute(x_RD, local_expert_R[:, None], L)
         y_RD = experts(x_by_expert_RD, counts_L).index_select(0, row_R1.view(-1))
-        y_MD = _AllToAll.apply(y_RD, send_splits, receive_splits, self.group)
+        y_MD = _AllToAll.apply(y_RD, send_splits, receive_splits, self.group, False)
         return unsort_pairs(y_MD, pairs, gate_NK)
