@@ -74,7 +74,7 @@ def test_reference_dispatch_equals_per_token_sum_of_experts() -> None:
             e = expert_NK[n, k]
             hidden = F.silu(experts.w1_EFD[e] @ x_ND[n]) * (experts.w3_EFD[e] @ x_ND[n])
             expected[n] += gate_NK[n, k] * (experts.w2_EDF[e] @ hidden)
-    torch.testing.assert_close(experts(x_ND, expert_NK, gate_NK), expected)
+    torch.testing.assert_close(moe.dispatch(experts, x_ND, expert_NK, gate_NK), expected)
 
 
 def test_layer_output_has_the_scale_of_the_pre_output_norm() -> None:
@@ -260,7 +260,7 @@ def test_dropped_pairs_are_counted_and_contribute_nothing() -> None:
             if e < 4:
                 hidden = F.silu(experts.w1_EFD[e] @ x[0, n]) * (experts.w3_EFD[e] @ x[0, n])
                 expected[n] += routed.gate_NK[n, k] * (experts.w2_EDF[e] @ hidden)
-    torch.testing.assert_close(experts(x[0], expert_NK, routed.gate_NK), expected)
+    torch.testing.assert_close(moe.dispatch(experts, x[0], expert_NK, routed.gate_NK), expected)
 
 
 def test_router_math_stays_fp32_under_bf16_autocast() -> None:

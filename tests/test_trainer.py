@@ -220,8 +220,8 @@ def test_command_line_trains_and_writes_every_output(repeating_data: Path, tmp_p
     assert (out / "loss.png").read_bytes()[:4] == b"\x89PNG"
     assert [p.name for p in list_checkpoints(out)] == ["step_3", "step_6"]
     assert {p.name for p in (out / "checkpoints" / "step_6").iterdir()} == {
-        "model.pt",
-        "optimizer.pt",
+        "state",  # torch.distributed.checkpoint of the model and the optimizer
+        "scheduler.pt",
         "state.json",
         "config.json",
         "rng_rank0.pt",

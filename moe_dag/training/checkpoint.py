@@ -1,36 +1,51 @@
-"""Checkpoints: everything needed to continue a run exactly where it stopped.
+"""Checkpoints: everything needed to continue a run exactly where it stopped, at any EP size.
 
 Layout of `<out>/checkpoints/step_<N>/`:
 
 | file             | content                                                         | written by |
 | ---------------- | --------------------------------------------------------------- | ---------- |
-| model.pt         | model state dict (parameters and expert biases)                 | rank 0     |
-| optimizer.pt     | optimizer (AdamW or Muon) and learning-rate scheduler state    | rank 0     |
+| state/           | torch.distributed.checkpoint of the model (parameters, expert   | every rank |
+|                  | biases) and the optimizer (AdamW or Muon), keyed by parameter   |            |
+|                  | name; each rank writes its shards, replicas are written once    |            |
+| scheduler.pt     | learning-rate scheduler state                                   | rank 0     |
 | state.json       | step, tokens seen, data stream position                         | rank 0     |
 | config.json      | the full Config of the run                                      | rank 0     |
 | rng_rank<r>.pt   | torch CPU (and CUDA) generator state of rank r                  | each rank  |
 
+Resharding: under expert parallelism each rank holds E / P experts of every stacked expert weight.
+In the checkpoint they are described with their global shape, [E, ...] split on dim 0 (a DTensor
+placed Shard(0) over the "ep" mesh dimension and Replicate() over the "dp" one), the optimizer's
+per-parameter state likewise; FSDP2 shards of the dense parts are DTensors already. Loading asks for
+the slices the loading rank holds, so a run saved at EP=2 resumes at EP=1 and the reverse, and
+`load_model` reads the whole model in one process. On several nodes `<out>` must be a shared
+filesystem.
+
 A checkpoint is written under a hidden temporary name and renamed when complete, so a run killed while
 saving never leaves a directory that looks finished; `latest_checkpoint` only sees finished ones.
-Model and optimizer are replicated under data parallelism, so rank 0 writes them for everyone; sharded
-torch.distributed.checkpoint replaces these two files when expert parallelism shards the experts.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import re
 import shutil
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from moe_dag.training import distributed
 from moe_dag.training.config import Config
+from moe_dag.training.expert_parallel import ExpertParallelDispatch
 from moe_dag.training.model import Transformer, build_model
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -83,11 +98,10 @@ def save_checkpoint(
         tmp.mkdir(parents=True)
     distributed.barrier()
     torch.save(_rng_state(), tmp / f"rng_rank{rank}.pt")
+    with _quiet_single_process():
+        dcp.save(_global_state(model, optimizer), checkpoint_id=tmp / "state", no_dist=_single_process())
     if rank == 0:
-        torch.save(model.state_dict(), tmp / "model.pt")
-        torch.save(
-            {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optimizer.pt"
-        )
+        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
         (tmp / "state.json").write_text(json.dumps(dataclasses.asdict(state), indent=2))
         (tmp / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
     distributed.barrier()
@@ -114,11 +128,12 @@ def load_checkpoint(
 ) -> TrainerState:
     """Restore model, optimizer, scheduler and this rank's RNG in place; return the trainer state."""
     checkpoint = Path(checkpoint)
-    device = next(model.parameters()).device
-    model.load_state_dict(torch.load(checkpoint / "model.pt", map_location=device, weights_only=True))
-    saved = torch.load(checkpoint / "optimizer.pt", map_location=device, weights_only=True)
-    optimizer.load_state_dict(saved["optimizer"])
-    scheduler.load_state_dict(saved["scheduler"])
+    state = _global_state(model, optimizer)
+    with _quiet_single_process():  # loads in place, into this rank's slices
+        dcp.load(state, checkpoint_id=checkpoint / "state", no_dist=_single_process())
+    state = _local_state(state, model)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    scheduler.load_state_dict(torch.load(checkpoint / "scheduler.pt", weights_only=True))
     rng_path = checkpoint / f"rng_rank{rank}.pt"
     if rng_path.exists():  # absent when resuming on more ranks than the run that saved
         rng = torch.load(rng_path, weights_only=True)
@@ -132,9 +147,65 @@ def load_checkpoint(
 def load_model(checkpoint: Path, device: torch.device | str = "cpu") -> tuple[Transformer, Config]:
     """The model of a checkpoint, in eval mode, with the config it was trained with."""
     checkpoint = Path(checkpoint)
-    if not (checkpoint / "model.pt").exists():
-        raise ValueError(f"{checkpoint}: no model.pt; expected a directory like <out>/checkpoints/step_<N>")
+    if not (checkpoint / "state" / ".metadata").exists():
+        raise ValueError(f"{checkpoint}: no state/; expected a directory like <out>/checkpoints/step_<N>")
     config = read_config(checkpoint)
     model = build_model(config.model, device)
-    model.load_state_dict(torch.load(checkpoint / "model.pt", map_location=device, weights_only=True))
+    state = {"model": model.state_dict()}
+    with _quiet_single_process():
+        dcp.load(state, checkpoint_id=checkpoint / "state", no_dist=_single_process())
+    model.load_state_dict(state["model"])
     return model.eval(), config
+
+
+def _single_process() -> bool:
+    return not torch.distributed.is_initialized()
+
+
+@contextlib.contextmanager
+def _quiet_single_process() -> Iterator[None]:
+    """torch.distributed.checkpoint warns on every single-process save and load, which is intended here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is .*single process")
+        yield
+
+
+def _expert_meshes(model: Transformer) -> dict[str, tuple[Any, int]]:
+    """Name -> (("dp", "ep") mesh, local expert count) of every expert-parallel stacked weight."""
+    found = {}
+    for name, module in model.named_modules():
+        dispatch = getattr(module, "dispatch", None)
+        if isinstance(dispatch, ExpertParallelDispatch) and dispatch.mesh is not None:
+            for weight_name, _ in module.experts.named_parameters():  # stacked: [local experts, ...]
+                found[f"{name}.experts.{weight_name}"] = (dispatch.mesh, dispatch.local_experts)
+    return found
+
+
+def _as_global(tensor: torch.Tensor, mesh: Any) -> DTensor:
+    """This rank's experts as a slice of the whole [E, ...] stack: split over "ep", equal over "dp"."""
+    return DTensor.from_local(tensor, mesh, [Replicate(), Shard(0)], run_check=False)
+
+
+def _global_state(model: Transformer, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Model and optimizer state keyed by parameter name, expert weights and their optimizer state
+    with their global shape."""
+    model_state, optim_state = get_state_dict(model, optimizer)
+    for name, (mesh, local_experts) in _expert_meshes(model).items():
+        model_state[name] = _as_global(model_state[name], mesh)
+        per_param = optim_state["state"].get(name, {})
+        for key, value in per_param.items():
+            if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == local_experts:
+                per_param[key] = _as_global(value, mesh)
+    return {"model": model_state, "optimizer": optim_state}
+
+
+def _local_state(state: dict[str, Any], model: Transformer) -> dict[str, Any]:
+    """`state` (loaded in place) with the expert weights and their optimizer state back to this rank's
+    local tensors, for `set_state_dict`."""
+    for name in _expert_meshes(model):
+        state["model"][name] = state["model"][name].to_local()
+        per_param = state["optimizer"]["state"].get(name, {})
+        for key, value in per_param.items():
+            if isinstance(value, DTensor):
+                per_param[key] = value.to_local()
+    return state

@@ -2,7 +2,8 @@
 
 `ModelConfig` says what the network is (with one small dataclass per attention family that needs
 its own sizes), `OptimConfig` how it learns, `PrecisionConfig` in which number formats, `HealthConfig`
-what counts as a broken run, `TrainConfig` how the run is driven (batch, steps, checkpoints, logging).
+what counts as a broken run, `ParallelConfig` how it is spread over processes, `TrainConfig` how the
+run is driven (batch, steps, checkpoints, logging).
 
 Presets are YAML files in `configs/models/<name>.yaml`, the test preset (`tiny`) first. A preset may
 name a `base:` preset and change only some fields, as a variant calls its base and changes a field.
@@ -33,6 +34,7 @@ OptimizerName = Literal["adamw", "muon"]
 ScheduleName = Literal["cosine", "wsd"]
 PrecisionRecipeName = Literal["fp32", "bf16", "fp8", "fp8-emulated", "nvfp4", "nvfp4-emulated"]
 FP8Scaling = Literal["delayed", "current", "block"]
+DataParallelKind = Literal["ddp", "fsdp"]
 StopOn = Literal["never", "nan", "nan_or_spike"]
 
 # The repository's preset folder; `preset()` also takes a path to a YAML file anywhere.
@@ -188,6 +190,28 @@ class PrecisionConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class ParallelConfig:
+    """Every process is a data-parallel rank (its own batch); groups of `ep` consecutive ranks also
+    split the routed experts among them (expert parallelism: num_experts / ep experts per rank, tokens
+    exchanged all-to-all). The world size must be a multiple of `ep`, and num_experts of `ep`."""
+
+    ep: int = 1
+    # The dense parts (attention, dense FFN, shared experts, router, embedding, head) on every rank:
+    # replicated with DistributedDataParallel, or sharded with FSDP2 (`fully_shard`).
+    data_parallel: DataParallelKind = "ddp"
+    # Tokens cross the all-to-all as e4m3 with a float32 scale per 1x128 tile (half the bytes of bf16),
+    # dequantised before the experts' first product; gradients return in the compute dtype.
+    fp8_dispatch: bool = False
+
+    def __post_init__(self) -> None:
+        if self.ep < 1:
+            raise ValueError(f"parallel.ep={self.ep} must be at least 1")
+        kinds = typing.get_args(DataParallelKind)
+        if self.data_parallel not in kinds:
+            raise ValueError(f"parallel.data_parallel={self.data_parallel!r} is not one of {kinds}")
+
+
+@dataclass(kw_only=True, slots=True)
 class HealthConfig:
     dead_expert_window: int = 50  # steps without a token before an expert counts as dead
     spike_factor: float = 3.0  # a loss above factor x the running mean is a spike
@@ -226,6 +250,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
 
     def to_dict(self) -> dict[str, Any]:

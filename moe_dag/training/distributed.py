@@ -1,19 +1,22 @@
-"""Every use of torch.distributed in training lives here: process group, data parallelism, reductions.
+"""The process group and the collectives the training loop uses.
 
 Launched plainly (`python -m moe_dag.training`) there is one process and no process group. Launched by
-torchrun with WORLD_SIZE > 1, each process joins a group (gloo on CPU, NCCL on CUDA) and the model is
-wrapped in DistributedDataParallel. Expert parallelism will add its all-to-all here too.
+torchrun with WORLD_SIZE > 1, each process joins a group: NCCL when it trains on a CUDA device, gloo on
+CPU. How the model is spread over the processes (expert and data parallelism) is `parallelize.py`'s;
+the expert all-to-all is `expert_parallel.py`'s.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 from torch.nn.parallel import DistributedDataParallel
 
 from moe_dag.training.config import DeviceChoice
@@ -58,22 +61,23 @@ def init_distributed(device_choice: DeviceChoice) -> DistInfo:
     )
 
 
-def wrap_data_parallel(model: nn.Module, info: DistInfo) -> nn.Module:
-    if info.world_size == 1:
-        return model
-    # Buffers are not broadcast: each rank's expert token counts must survive until the optimizer
-    # step sums them, and the expert biases stay equal because every rank applies the same update.
-    return DistributedDataParallel(
-        model, device_ids=[info.local_rank] if info.device.type == "cuda" else None, broadcast_buffers=False
-    )
-
-
-def gradient_sync(model: nn.Module, enabled: bool) -> contextlib.AbstractContextManager[None]:
-    """Within it, backward all-reduces gradients only if `enabled`: skip it on all but the last
-    micro-batch of a gradient-accumulation step."""
-    if enabled or not isinstance(model, DistributedDataParallel):
-        return contextlib.nullcontext()
-    return model.no_sync()
+@contextlib.contextmanager
+def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
+    """Within it, backward reduces gradients over data-parallel ranks only if `enabled`: skip it on all
+    but the last micro-batch of a gradient-accumulation step."""
+    if enabled:
+        yield
+    elif isinstance(model, DistributedDataParallel):
+        with model.no_sync():
+            yield
+    elif isinstance(model, FSDPModule):
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+    else:
+        yield
 
 
 def all_reduce_sum(tensor: torch.Tensor) -> None:

@@ -6,7 +6,8 @@ in the first `first_dense_layers` blocks and an MoE layer in the rest) -> RMSNor
 Cerebras-GPT, arXiv:2304.03208).
 
 Build with `build_model`: modules are created on the meta device (no memory, no wasted init), then
-materialised on the target device and initialised once by `Transformer.init_weights`.
+materialised on the target device and initialised once by `Transformer.init_weights`; every RMSNorm
+with a weight then runs through the kernels room's `rms_norm` (Triton on a GPU, its reference on CPU).
 
 Shape legend: B batch, S sequence, D model width, V vocabulary.
 """
@@ -18,6 +19,7 @@ import math
 import torch
 from torch import nn
 
+from moe_dag.kernels import use_triton_rms_norm
 from moe_dag.training.attention import Rotary, spec_for
 from moe_dag.training.config import ModelConfig
 from moe_dag.training.moe import MoE, SwiGLU
@@ -127,4 +129,5 @@ def build_model(config: ModelConfig, device: torch.device | str = "cpu") -> Tran
         model = Transformer(config)
     model.to_empty(device=device)
     model.init_weights()
+    use_triton_rms_norm(model)
     return model

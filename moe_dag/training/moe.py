@@ -11,15 +11,19 @@ Optional, off by default: the sequence-wise balance loss and the router z-loss (
 limit per expert (dropped (token, expert) pairs are counted; the default is dropless). Router math
 runs in fp32 whatever the precision recipe.
 
-Seams for expert parallelism and kernels:
-- `RoutedExperts.forward(x_ND, expert_NK, gate_NK)` is all expert computation: it dispatches the
-  (token, expert) pairs in expert order (`dispatch_by_expert`), runs `RoutedExperts.compute`, and
-  combines the gated outputs back per token (`combine`). An expert-parallel layer replaces `forward`
-  with an all-to-all around `compute`; a pair whose expert is E (== num_experts) was dropped by the
-  capacity limit and goes nowhere.
-- `RoutedExperts.compute(x_MD, counts_E)` takes expert-sorted rows and per-expert counts and returns
-  the experts' outputs in the same order, through `RoutedExperts.grouped_mm` (see `grouped_mm.py`),
-  which precision recipes and kernels replace.
+The memory-bound steps run through the kernels room's dispatchers (Triton on a GPU, their plain-PyTorch
+references elsewhere): `route` scores, picks and counts; `permute` sorts the (token, expert) pairs by
+expert; `unpermute` brings the gated outputs home and sums them per token; `grouped_mm` (through
+`grouped_mm.py`) runs every expert on its rows.
+
+Seams for expert parallelism and precision recipes:
+- `MoE.dispatch(experts, x_ND, expert_NK, gate_NK)` is all expert computation, by default
+  `LocalDispatch`: sort the pairs by expert, call the experts, unsort. Expert parallelism
+  (`expert_parallel.py`) puts an all-to-all around the experts' call instead. A pair whose expert is
+  E (== num_experts) was dropped by the capacity limit and goes nowhere.
+- `RoutedExperts(x_MD, counts_E)` takes expert-sorted rows and per-expert counts and returns the
+  experts' outputs in the same order, through `RoutedExperts.grouped_mm` (see `grouped_mm.py`), which
+  precision recipes replace (the Transformer Engine recipe replaces the whole module).
 
 Shape legend: B batch, S sequence, N tokens (B * S), D model width, E routed experts, K experts chosen
 per token, M routed (token, expert) rows, F expert hidden width.
@@ -35,10 +39,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from moe_dag.kernels import permute, route, unpermute
 from moe_dag.training.config import ModelConfig
 from moe_dag.training.grouped_mm import grouped_mm
 
 GroupedMatmul = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# (experts, x_ND, expert_NK, gate_NK) -> y_ND: the routed pairs to the experts and their gated sum back.
+ExpertDispatch = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 # What `MoE.router_stats` sums over training forwards (read and zeroed by `health.RouterHealth`).
 ROUTER_STATS = ("entropy_sum", "tokens", "dropped_pairs", "nonfinite_tokens")
@@ -61,6 +68,7 @@ class SwiGLU(nn.Module):
 class RouterOutput:
     expert_NK: torch.Tensor  # chosen experts, best first
     gate_NK: torch.Tensor  # fp32 weights of the chosen experts, summing to 1 per token
+    counts_E: torch.Tensor  # int32 (token, expert) pairs per expert
     logits_NE: torch.Tensor  # fp32
     affinity_NE: torch.Tensor  # fp32 scores normalised to sum to 1 per token
 
@@ -69,7 +77,9 @@ class Router(nn.Module):
     """Scores every expert per token and picks the top k.
 
     Scores are sigmoid(logits) (DeepSeek-V3) or softmax(logits). The choice uses score + expert_bias_E;
-    the gate weights use the scores alone, renormalised to sum to 1 over the k chosen experts.
+    the gate weights use the scores alone, renormalised to sum to 1 over the k chosen experts. One
+    `route` call does scores, choice, gates and counts; the normalised affinities (for the balance loss
+    and the router entropy) are computed beside it.
     """
 
     def __init__(self, config: ModelConfig) -> None:
@@ -82,16 +92,18 @@ class Router(nn.Module):
     def forward(self, x_ND: torch.Tensor) -> RouterOutput:
         with torch.autocast(x_ND.device.type, enabled=False):
             logits_NE = F.linear(x_ND.float(), self.gate.weight.float())
+            expert_NK, gate_NK, counts_E = route(logits_NE, self.expert_bias_E, self.top_k, self.score)
             if self.score == "sigmoid":
                 scores_NE = torch.sigmoid(logits_NE)
                 affinity_NE = scores_NE / scores_NE.sum(dim=-1, keepdim=True)
             else:
-                scores_NE = affinity_NE = logits_NE.softmax(dim=-1)
-            expert_NK = torch.topk(scores_NE.detach() + self.expert_bias_E, self.top_k, dim=-1).indices
-            gate_NK = scores_NE.gather(-1, expert_NK)
-            gate_NK = gate_NK / gate_NK.sum(dim=-1, keepdim=True)
+                affinity_NE = logits_NE.softmax(dim=-1)
         return RouterOutput(
-            expert_NK=expert_NK, gate_NK=gate_NK, logits_NE=logits_NE, affinity_NE=affinity_NE
+            expert_NK=expert_NK,
+            gate_NK=gate_NK,
+            counts_E=counts_E,
+            logits_NE=logits_NE,
+            affinity_NE=affinity_NE,
         )
 
 
@@ -126,28 +138,42 @@ def drop_over_capacity(expert_NK: torch.Tensor, num_experts: int, capacity: int)
 
 
 @dataclass(frozen=True, slots=True)
-class Dispatch:
-    order_M: torch.Tensor  # flat (token, slot) pair index of each routed row, in expert order
-    token_M: torch.Tensor  # the token of each routed row
-    counts_E: torch.Tensor  # routed rows per expert
+class SortedPairs:
+    x_MD: torch.Tensor  # the kept pairs' token rows grouped by expert, in token order within an expert
+    counts_E: torch.Tensor  # int32 rows per expert
+    row_NK: torch.Tensor  # int32 row of each pair in sorted order; dropped pairs' rows lie past the kept
 
 
-def dispatch_by_expert(expert_NK: torch.Tensor, num_experts: int) -> Dispatch:
-    """Sort the (token, expert) pairs by expert (stable, so tokens keep their order within an expert);
-    pairs with expert == num_experts (dropped) sort last and are left out."""
-    flat_M = expert_NK.flatten()
-    order_M = flat_M.argsort(stable=True)
-    counts_E = torch.bincount(flat_M, minlength=num_experts + 1)
-    if counts_E[num_experts]:  # only a capacity limit drops pairs; checking costs a sync only then
-        order_M = order_M[: flat_M.numel() - int(counts_E[num_experts])]
-    return Dispatch(order_M=order_M, token_M=order_M // expert_NK.shape[1], counts_E=counts_E[:num_experts])
+def sort_pairs(
+    x_ND: torch.Tensor, expert_NK: torch.Tensor, num_experts: int, drops_pairs: bool
+) -> SortedPairs:
+    """`permute`, with the pairs a capacity limit dropped (expert == num_experts) sorted last, cut off."""
+    if not drops_pairs:
+        return SortedPairs(*permute(x_ND, expert_NK, num_experts))
+    x_MD, counts_E, row_NK = permute(x_ND, expert_NK, num_experts + 1)
+    kept = x_MD.shape[0] - int(counts_E[num_experts])  # a host sync, paid only under a capacity limit
+    return SortedPairs(x_MD[:kept], counts_E[:num_experts], row_NK)
 
 
-def combine(y_MD: torch.Tensor, dispatch: Dispatch, gate_NK: torch.Tensor, num_tokens: int) -> torch.Tensor:
-    """Sum each token's gated expert outputs: out[n] = sum over its rows m of gate[m] * y[m]."""
-    weight_M = gate_NK.flatten()[dispatch.order_M].to(y_MD.dtype)
-    out_ND = y_MD.new_zeros(num_tokens, y_MD.shape[1])
-    return out_ND.index_add_(0, dispatch.token_M, y_MD * weight_M[:, None])
+def unsort_pairs(y_MD: torch.Tensor, pairs: SortedPairs, gate_NK: torch.Tensor) -> torch.Tensor:
+    """Each token's gated expert outputs summed: out[n] = sum over k of gate[n, k] * y[row of (n, k)]."""
+    dropped = pairs.row_NK.numel() - y_MD.shape[0]
+    if dropped:  # dropped pairs contribute zero rows
+        y_MD = torch.cat((y_MD, y_MD.new_zeros(dropped, y_MD.shape[1])))
+    return unpermute(y_MD, pairs.row_NK, gate_NK)
+
+
+class LocalDispatch:
+    """The routed pairs to this process's experts and back: sort by expert, compute, unsort."""
+
+    def __init__(self, num_experts: int, drops_pairs: bool) -> None:
+        self.num_experts, self.drops_pairs = num_experts, drops_pairs
+
+    def __call__(
+        self, experts: nn.Module, x_ND: torch.Tensor, expert_NK: torch.Tensor, gate_NK: torch.Tensor
+    ) -> torch.Tensor:
+        pairs = sort_pairs(x_ND, expert_NK, self.num_experts, self.drops_pairs)
+        return unsort_pairs(experts(pairs.x_MD, pairs.counts_E), pairs, gate_NK)
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -167,12 +193,7 @@ class RoutedExperts(nn.Module):
         self.w2_EDF = nn.Parameter(torch.empty(E, D, F_))
         self.grouped_mm: GroupedMatmul = grouped_mm
 
-    def forward(self, x_ND: torch.Tensor, expert_NK: torch.Tensor, gate_NK: torch.Tensor) -> torch.Tensor:
-        dispatch = dispatch_by_expert(expert_NK, self.w1_EFD.shape[0])
-        y_MD = self.compute(x_ND.index_select(0, dispatch.token_M), dispatch.counts_E)
-        return combine(y_MD, dispatch, gate_NK, x_ND.shape[0])
-
-    def compute(self, x_MD: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
+    def forward(self, x_MD: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
         """The experts applied to expert-sorted rows: counts_E[e] consecutive rows go to expert e."""
         dtype = _compute_dtype(x_MD)
         F_ = self.w1_EFD.shape[1]
@@ -199,13 +220,16 @@ class MoE(nn.Module):
         self.aux_loss_alpha, self.z_loss_coef = config.router_aux_loss_alpha, config.router_z_loss_coef
         self.router = Router(config)
         self.experts = RoutedExperts(config)
+        # A plain attribute, not a module: expert parallelism swaps it without touching the state dict.
+        self.dispatch: ExpertDispatch = LocalDispatch(config.num_experts, config.capacity_factor is not None)
         # n shared experts of width F equal one SwiGLU of width n * F: same function, fewer matmuls.
         self.shared = (
             SwiGLU(config.d_model, config.expert_hidden * config.num_shared_experts)
             if config.num_shared_experts
             else None
         )
-        self.output_norm_scale = nn.Parameter(torch.empty(()))
+        # A 1-element vector rather than a 0-d tensor: FSDP2 shards no 0-d parameter.
+        self.output_norm_scale = nn.Parameter(torch.empty(1))
         # Counted in training forwards only, summed over micro-batches, zeroed by ExpertBiasUpdater.
         self.register_buffer(
             "tokens_per_expert_E", torch.zeros(config.num_experts, dtype=torch.float32), persistent=False
@@ -228,8 +252,8 @@ class MoE(nn.Module):
             expert_NK = drop_over_capacity(expert_NK, self.num_experts, capacity)
         if self.training:
             self._count(routed, expert_NK)
-            self.router_loss = self._router_loss(routed, expert_NK.view(B, S, -1))
-        y_ND = self.experts(x_ND, expert_NK, routed.gate_NK)
+            self.router_loss = self._router_loss(routed, expert_NK.view(B, S, self.top_k))
+        y_ND = self.dispatch(self.experts, x_ND, expert_NK, routed.gate_NK)
         if self.shared is not None:
             y_ND = y_ND + self.shared(x_ND)
         y_ND = self.output_norm_scale * F.rms_norm(y_ND, (D,), eps=self.norm_eps)
@@ -247,11 +271,16 @@ class MoE(nn.Module):
     @torch.no_grad()
     def _count(self, routed: RouterOutput, expert_NK: torch.Tensor) -> None:
         E = self.num_experts
-        counts = torch.bincount(expert_NK.flatten(), minlength=E + 1).float()
-        self.tokens_per_expert_E += counts[:E]
+        if self.capacity_factor is None:  # nothing dropped: the router already counted
+            load_E = routed.counts_E.float()
+            dropped = load_E.new_zeros(())
+        else:
+            counts = torch.bincount(expert_NK.flatten(), minlength=E + 1).float()
+            load_E, dropped = counts[:E], counts[E]
+        self.tokens_per_expert_E += load_E
         p_NE = routed.affinity_NE
         entropy_N = -(p_NE * torch.log(p_NE.clamp_min(1e-20))).sum(dim=-1)
         nonfinite = (~torch.isfinite(routed.logits_NE)).any(dim=-1).sum()
         self.router_stats += torch.stack(
-            (entropy_N.nan_to_num(0.0).sum(), counts.new_tensor(p_NE.shape[0]), counts[E], nonfinite.float())
+            (entropy_N.nan_to_num(0.0).sum(), load_E.new_tensor(p_NE.shape[0]), dropped, nonfinite.float())
         )

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.optim.adamw import adamw
 
 from moe_dag.training.config import OptimConfig
@@ -71,22 +72,29 @@ def parameter_groups(model: nn.Module) -> dict[str, list[nn.Parameter]]:
     return groups
 
 
+def _by_tensor_kind(params: list[nn.Parameter]) -> list[list[nn.Parameter]]:
+    """FSDP2's sharded parameters (DTensors) and plain ones (expert-parallel experts) apart: one foreach
+    kernel cannot take both."""
+    sharded = [p for p in params if isinstance(p, DTensor)]
+    plain = [p for p in params if not isinstance(p, DTensor)]
+    return [kind for kind in (sharded, plain) if kind]
+
+
 def build_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.Optimizer:
     groups = []
+    members = parameter_groups(model)
     for name, decays, lr_field in GROUPS:
-        params = parameter_groups(model)[name]
-        if not params:
-            continue
         lr = getattr(config, lr_field)
-        groups.append(
-            {
-                "params": params,
-                "name": name,
-                "lr": config.lr if lr is None else lr,
-                "weight_decay": config.weight_decay if decays else 0.0,
-                "use_muon": config.name == "muon" and name == "matrices",
-            }
-        )
+        for params in _by_tensor_kind(members[name]):
+            groups.append(
+                {
+                    "params": params,
+                    "name": name,
+                    "lr": config.lr if lr is None else lr,
+                    "weight_decay": config.weight_decay if decays else 0.0,
+                    "use_muon": config.name == "muon" and name == "matrices",
+                }
+            )
     if config.name == "adamw":
         return torch.optim.AdamW(
             groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.eps, foreach=True

@@ -35,6 +35,7 @@ from moe_dag.training.load_balance import ExpertBiasUpdater
 from moe_dag.training.mfu import peak_flops
 from moe_dag.training.model import Transformer, build_model
 from moe_dag.training.optim import build_optimizer, build_scheduler
+from moe_dag.training.parallelize import Parallelism, clip_gradients
 from moe_dag.training.params import ParamCounts, count_parameters, flops_per_token
 from moe_dag.training.precision import PrecisionRecipe, build_recipe
 from moe_dag.training.run_lock import run_lock
@@ -80,9 +81,11 @@ def train_step(
     recipe: PrecisionRecipe,
     detector: AnomalyDetector | None = None,
     step: int = 0,
+    parallel: Parallelism | None = None,
 ) -> tuple[float, float]:
     """One optimizer step over grad_accum_steps micro-batches; returns (the loss averaged over
-    micro-batches and ranks, this rank's gradient norm).
+    micro-batches and ranks, the gradient norm: of the whole model, every expert counted once, when
+    `parallel` is given).
 
     The forward and loss run under the precision recipe; MoE router losses (when configured) join the
     loss that is differentiated, not the one reported. `detector` sees the loss before the step.
@@ -101,14 +104,16 @@ def train_step(
             objective = loss if router_loss is None else loss + router_loss
             (objective / accum).backward()
         loss_sum += loss.detach()
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    grad_norm = torch.nn.utils.get_total_norm(grads)
+    if parallel is None:
+        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
+    else:
+        grad_norm = parallel.finish_gradients(core)
     # Averaged over ranks before any decision, so every rank stops (or not) together.
     mean_loss = distributed.all_reduce_mean((loss_sum / accum).item(), device)
     if detector is not None:
         detector.check(step, mean_loss, core)  # raises before the step when the run must stop
     if config.optim.grad_clip is not None:
-        torch.nn.utils.clip_grads_with_norm_(model.parameters(), config.optim.grad_clip, grad_norm)
+        clip_gradients(model.parameters(), config.optim.grad_clip, grad_norm)
     optimizer.step()  # the pre-step hook updates the expert biases first
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
@@ -130,6 +135,7 @@ def train(config: Config, data_dir: Path, out_dir: Path) -> dict[str, Any]:
 @dataclass(kw_only=True, slots=True)
 class _Parts:
     model: Transformer
+    dp_model: nn.Module  # the model under data parallelism (DDP wrapper, or the model itself)
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     balancer: ExpertBiasUpdater
@@ -138,14 +144,18 @@ class _Parts:
     recipe: PrecisionRecipe
     router_health: RouterHealth
     detector: AnomalyDetector
+    parallel: Parallelism
 
 
 def _build(config: Config, data_dir: Path, info: distributed.DistInfo) -> _Parts:
     torch.manual_seed(config.train.seed)
     recipe = build_recipe(config.precision)
+    parallel = Parallelism(config.parallel, info)
     model = build_model(config.model, info.device)
-    params = count_parameters(model, config.model)  # before the recipe renames any parameter
+    params = count_parameters(model, config.model)  # before sharding and before the recipe renames any
+    parallel.shard_experts(model)
     recipe.prepare(model)
+    dp_model = parallel.wrap(model)  # FSDP2 replaces the parameters: before the optimizer takes them
     optimizer = build_optimizer(model, config.optim)
     all_reduce = distributed.all_reduce_sum if info.world_size > 1 else None
     balancer = ExpertBiasUpdater(
@@ -159,6 +169,7 @@ def _build(config: Config, data_dir: Path, info: distributed.DistInfo) -> _Parts
         batches.warn_if_repeating(config.train.steps * config.train.grad_accum_steps)
     return _Parts(
         model=model,
+        dp_model=dp_model,
         optimizer=optimizer,
         scheduler=build_scheduler(optimizer, config.train.steps, config.optim),
         balancer=balancer,
@@ -167,6 +178,7 @@ def _build(config: Config, data_dir: Path, info: distributed.DistInfo) -> _Parts
         recipe=recipe,
         router_health=RouterHealth(model, config.health, all_reduce=all_reduce),
         detector=AnomalyDetector(config.health),
+        parallel=parallel,
     )
 
 
@@ -206,7 +218,6 @@ def _train(config: Config, data_dir: Path, out_dir: Path, info: distributed.Dist
             token_flops / 1e9,
             parts.recipe.name,
         )
-    dp_model = distributed.wrap_data_parallel(parts.model, info)
     tracker = start_tracking(config, out_dir, is_main=info.is_main)
     tokens_per_step = tc.batch_size * tc.grad_accum_steps * info.world_size * config.model.seq_len
     first_step, started = state.step, time.perf_counter()
@@ -214,7 +225,7 @@ def _train(config: Config, data_dir: Path, out_dir: Path, info: distributed.Dist
         lr = parts.scheduler.get_last_lr()[0]
         step_started = time.perf_counter()
         loss, grad_norm = train_step(
-            dp_model,
+            parts.dp_model,
             parts.optimizer,
             parts.scheduler,
             parts.batches,
@@ -223,6 +234,7 @@ def _train(config: Config, data_dir: Path, out_dir: Path, info: distributed.Dist
             parts.recipe,
             parts.detector,
             step=state.step + 1,
+            parallel=parts.parallel,
         )
         state.step += 1
         state.tokens_seen += tokens_per_step

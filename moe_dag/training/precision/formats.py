@@ -11,18 +11,23 @@ rounded to the format, and multiplied back.
 | nvfp4  | e2m1, max 6   | 1 x 16                     | 16 x 16       | e4m3 per block, fp32 per tensor  |
 
 Emulation rounds exactly as the hardware formats do (round to nearest, saturating at the maximum);
-what it does not reproduce is the GEMM's internal accumulation order, which here is full fp32.
+what it does not reproduce is the GEMM's internal accumulation order, which here is full fp32. FP8
+goes through the kernels room's blockwise quantiser and its inverse (`quantize_fp8_blockwise`: the
+Triton kernel on a GPU, bit-for-bit its reference on CPU); NVFP4 through the generic tiling below.
 NVFP4 training on Blackwell also uses stochastic rounding for gradients and random Hadamard
 transforms before weight-gradient GEMMs; the emulation rounds to nearest throughout.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from moe_dag.kernels import dequantize_fp8_blockwise, quantize_fp8_blockwise
 
 E4M3_MAX = 448.0
 E2M1_MAX = 6.0
@@ -39,10 +44,6 @@ def round_to_e2m1(x: torch.Tensor) -> torch.Tensor:
     return grid[index] * x.sign()
 
 
-def _fp8_scales(amax: torch.Tensor, tensor_amax: torch.Tensor) -> torch.Tensor:
-    return amax / E4M3_MAX
-
-
 def _nvfp4_scales(amax: torch.Tensor, tensor_amax: torch.Tensor) -> torch.Tensor:
     # Two levels: an fp32 scale per tensor brings the block scales into e4m3's range, and each
     # block's scale is stored in e4m3.
@@ -50,33 +51,14 @@ def _nvfp4_scales(amax: torch.Tensor, tensor_amax: torch.Tensor) -> torch.Tensor
     return round_to_e4m3(amax / E2M1_MAX / tensor_scale) * tensor_scale
 
 
-@dataclass(frozen=True, slots=True)
-class BlockFormat:
-    name: str
-    activation_block: tuple[int, int]
-    weight_block: tuple[int, int]
-    round_values: Callable[[torch.Tensor], torch.Tensor]
-    scales: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (tile amax, tensor amax) -> scale
-
-
-FP8 = BlockFormat(
-    name="fp8",
-    activation_block=(1, 128),
-    weight_block=(128, 128),
-    round_values=round_to_e4m3,
-    scales=_fp8_scales,
-)
-NVFP4 = BlockFormat(
-    name="nvfp4",
-    activation_block=(1, 16),
-    weight_block=(16, 16),
-    round_values=round_to_e2m1,
-    scales=_nvfp4_scales,
-)
-
-
-def fake_quantize(x: torch.Tensor, block: tuple[int, int], fmt: BlockFormat) -> torch.Tensor:
-    """x rounded through `fmt` with one scale per `block` tile of its last two dims, in fp32."""
+def round_trip_tiles(
+    x: torch.Tensor,
+    block: tuple[int, int],
+    round_values: Callable[[torch.Tensor], torch.Tensor],
+    scales: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """x through a block format in fp32: per `block` tile of the last two dims, scale = scales(tile
+    amax, tensor amax), values rounded by `round_values` in units of the scale."""
     rows, cols = block
     x32 = x.float() if x.ndim >= 2 else x.float()[None]
     *lead, R, C = x32.shape
@@ -84,7 +66,40 @@ def fake_quantize(x: torch.Tensor, block: tuple[int, int], fmt: BlockFormat) -> 
     Rp, Cp = padded.shape[-2:]
     tiles = padded.reshape(*lead, Rp // rows, rows, Cp // cols, cols)
     amax = tiles.abs().amax(dim=(-3, -1), keepdim=True)
-    scale = fmt.scales(amax, x32.abs().amax())
+    scale = scales(amax, x32.abs().amax())
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-    dequantized = fmt.round_values(tiles / scale) * scale
+    dequantized = round_values(tiles / scale) * scale
     return dequantized.reshape(*lead, Rp, Cp)[..., :R, :C].reshape(x.shape)
+
+
+def round_trip_fp8(x: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    """x through e4m3 with one fp32 scale (amax / 448) per block, by the kernels room's quantiser."""
+    q, scale = quantize_fp8_blockwise(x, block)
+    return dequantize_fp8_blockwise(q, scale, block, torch.float32)
+
+
+@dataclass(frozen=True, slots=True)
+class BlockFormat:
+    name: str
+    activation_block: tuple[int, int]
+    weight_block: tuple[int, int]
+    round_trip: Callable[[torch.Tensor, tuple[int, int]], torch.Tensor]  # (x, block) -> x rounded, fp32
+
+
+FP8 = BlockFormat(
+    name="fp8",
+    activation_block=(1, 128),
+    weight_block=(128, 128),
+    round_trip=round_trip_fp8,
+)
+NVFP4 = BlockFormat(
+    name="nvfp4",
+    activation_block=(1, 16),
+    weight_block=(16, 16),
+    round_trip=functools.partial(round_trip_tiles, round_values=round_to_e2m1, scales=_nvfp4_scales),
+)
+
+
+def fake_quantize(x: torch.Tensor, block: tuple[int, int], fmt: BlockFormat) -> torch.Tensor:
+    """x rounded through `fmt` with one scale per `block` tile of its last two dims, in fp32."""
+    return fmt.round_trip(x, block)

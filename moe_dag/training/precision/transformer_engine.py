@@ -30,7 +30,7 @@ from torch import nn
 
 from moe_dag.training.config import PrecisionConfig
 from moe_dag.training.model import Transformer
-from moe_dag.training.moe import RoutedExperts, combine, dispatch_by_expert
+from moe_dag.training.moe import RoutedExperts
 from moe_dag.training.precision.targets import expert_layers, linear_layers, low_precision_blocks
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ class TEGroupedExperts(nn.Module):
         super().__init__()
         E, F_, D = experts.w1_EFD.shape
         device = experts.w1_EFD.device
-        self.num_experts, self.hidden = E, F_
+        self.hidden = F_
         self.w13 = te.GroupedLinear(E, D, 2 * F_, bias=False, params_dtype=torch.float32, device=device)
         self.w2 = te.GroupedLinear(E, F_, D, bias=False, params_dtype=torch.float32, device=device)
         self.pad, self.unpad = te.Fp8Padding(E, align_size=align), te.Fp8Unpadding(E, align_size=align)
@@ -78,12 +78,8 @@ class TEGroupedExperts(nn.Module):
                 getattr(self.w13, f"weight{e}").copy_(torch.cat((experts.w1_EFD[e], experts.w3_EFD[e])))
                 getattr(self.w2, f"weight{e}").copy_(experts.w2_EDF[e])
 
-    def forward(self, x_ND: torch.Tensor, expert_NK: torch.Tensor, gate_NK: torch.Tensor) -> torch.Tensor:
-        dispatch = dispatch_by_expert(expert_NK, self.num_experts)
-        y_MD = self.compute(x_ND.index_select(0, dispatch.token_M), dispatch.counts_E)
-        return combine(y_MD, dispatch, gate_NK, x_ND.shape[0])
-
-    def compute(self, x_MD: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
+    def forward(self, x_MD: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
+        """`RoutedExperts.forward`: expert-sorted rows in, their experts' outputs out."""
         splits = counts_E.tolist()  # TE takes the group sizes on the host
         padded_MD, padded_splits = self.pad(x_MD, splits)
         h13 = self.w13(padded_MD, padded_splits)
