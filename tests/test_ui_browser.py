@@ -1,7 +1,7 @@
 """The Dagster UI in a real browser: `dagster dev` on 127.0.0.1, driven by Debian's headless chromium.
 
-Set-up materialises the whole graph on a tiny demo corpus into a temporary Dagster instance (the
-repository's dagster.yaml), then starts `dagster dev` on that instance. Through the UI the test checks
+Set-up starts `dagster dev` on a temporary Dagster instance (the repository's dagster.yaml) and, while
+it boots, materialises the whole graph on a tiny demo corpus into that instance. Through the UI it checks
 that the asset graph shows every asset of the definitions, launches one source's `raw_documents`
 partition by clicking (Materialize -> the partition -> Launch) and follows the run to success, and opens
 a plot from an asset's materialisation metadata. Screenshots are kept in .moe_dag/test-artifacts/ui/
@@ -99,6 +99,7 @@ def dagster_ui(tiny_pipeline, tmp_path) -> Iterator[str]:
              "-m", "moe_dag.definitions"],
             cwd=REPO, env=os.environ.copy(), stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: teardown stops webserver, daemon and runs
+            preexec_fn=_stoppable_by_sigterm,
         )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
@@ -193,6 +194,12 @@ def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def _stoppable_by_sigterm() -> None:
+    """dagster dev handles SIGTERM as SIGINT, and a shell that runs `make test` in the background
+    ignores SIGINT for its children: give it back its default so the teardown's SIGTERM stops it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _wait_for_code_location(url: str, process: subprocess.Popen, log_path: Path) -> None:
