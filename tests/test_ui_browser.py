@@ -74,7 +74,7 @@ def browser_paths() -> tuple[str, str]:
 
 @pytest.fixture
 def tiny_pipeline(tmp_path, monkeypatch) -> Path:
-    """A tiny demo corpus, its config, and a Dagster home with the repository's dagster.yaml."""
+    """A tiny demo corpus, its config, and a Dagster instance (the repository's dagster.yaml), empty."""
     from test_end_to_end import tiny_config
 
     config_path = tiny_config(tmp_path)
@@ -84,6 +84,12 @@ def tiny_pipeline(tmp_path, monkeypatch) -> Path:
     shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
     monkeypatch.setenv("DAGSTER_HOME", str(home))
     monkeypatch.setenv("MOE_DAG_CONFIG", str(config_path))
+    # Create the SQLite storage here, in one process: `dagster dev` and the set-up creating it at the same
+    # time can both stamp its schema version ("Version table 'alembic_version' has more than one head").
+    with dg.DagsterInstance.get() as instance:
+        instance.get_runs(limit=1)
+        instance.get_asset_keys()
+        instance.all_instigator_state()
     return config_path
 
 
