@@ -28,13 +28,27 @@ $(DAGSTER_HOME)/dagster.yaml: dagster.yaml
 demo: setup
 	$(BIN)/moe-dag --config $(CONFIG) demo
 
-test: setup
+test: setup system-packages
 	$(BIN)/python -m pytest -q
 
 # The quick subset while working: everything but the tests marked slow (process kills, whole-graph runs,
 # the browser, PostgreSQL). CI runs the whole suite.
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"
+
+# Debian packages for the PostgreSQL instance test and the browser test of the UI. Installed once as
+# root (quietly; skipped when present); elsewhere it says what is missing and those tests skip.
+SYSTEM_PACKAGES := postgresql chromium chromium-driver
+.PHONY: system-packages
+system-packages:
+	@missing=$$(for p in $(SYSTEM_PACKAGES); do \
+		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "apt-get install" $$missing; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+			apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	else echo "not installed:" $$missing "(as root: apt-get install" $$missing"); their tests skip"; fi
 
 ui: setup
 	$(BIN)/dagster dev -h 127.0.0.1 -p 3000
