@@ -18,7 +18,6 @@ import datetime as dt
 import gzip
 import hashlib
 import json
-import os
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from typing import Any
 import zstandard
 from tqdm.auto import tqdm
 
+from moe_dag.data.atomic import atomic_path
 from moe_dag.data.demo_corpus import noise
 from moe_dag.data.demo_corpus.documents import DemoDoc
 from moe_dag.data.demo_corpus.gettext_text import intl_documents
@@ -229,9 +229,8 @@ def _shard_name(source: str, index: int) -> str:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    with atomic_path(path) as partial:
+        partial.write_bytes(data)
 
 
 def _unseen(docs: Iterator[DemoDoc], seen: set[str]) -> Iterator[DemoDoc]:

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
+from moe_dag.data.atomic import atomic_path
 from moe_dag.data.heads.backbone import BackboneConfig
 from moe_dag.data.heads.heads import JudgeHead, JudgeHeadConfig, ProbeHead, QualityHeads
 from moe_dag.data.heads.thresholds import Thresholds
@@ -63,12 +63,6 @@ def heads_version(heads: QualityHeads, backbone_config: BackboneConfig) -> str:
     return digest.hexdigest()[:16]
 
 
-def _replace_into(path: Path, write) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
-    write(temporary)
-    os.replace(temporary, path)
-
-
 def save_heads(
     directory: str | Path,
     heads: QualityHeads,
@@ -90,10 +84,10 @@ def save_heads(
         "thresholds": {source: asdict(t) for source, t in sorted(thresholds.items())},
         "metrics": metrics or {},
     }
-    _replace_into(
-        folder / WEIGHTS_FILE, lambda p: save_file(_tensors(heads), str(p), metadata={"version": version})
-    )
-    _replace_into(folder / META_FILE, lambda p: p.write_text(json.dumps(meta, indent=2, sort_keys=True)))
+    with atomic_path(folder / WEIGHTS_FILE) as partial:
+        save_file(_tensors(heads), str(partial), metadata={"version": version})
+    with atomic_path(folder / META_FILE) as partial:
+        partial.write_text(json.dumps(meta, indent=2, sort_keys=True))
     return version
 
 
