@@ -328,7 +328,8 @@ def losses(out: Path) -> list[float]:
 @pytest.mark.slow
 def test_ep2_training_follows_ep1_and_checkpoints_reshard_both_ways(repeating_data: Path, tmp_path: Path):
     """One process of batch 4 against 2 ranks of batch 2 with 2 experts each (the same global batches):
-    the same losses step by step, and a checkpoint written at either EP size resumes at the other."""
+    the same losses step by step, also after a checkpoint was saved mid-run, and a checkpoint written
+    at either EP size resumes at the other."""
     config = tiny()
     config = dataclasses.replace(
         config,
@@ -336,6 +337,9 @@ def test_ep2_training_follows_ep1_and_checkpoints_reshard_both_ways(repeating_da
     )
     train(config, repeating_data, tmp_path / "ep1")
     reference = losses(tmp_path / "ep1")
+
+    torchrun_ep2(repeating_data, tmp_path / "ep2", steps=4)  # trains on after saving step 2
+    assert losses(tmp_path / "ep2") == pytest.approx(reference, rel=1e-5)
 
     torchrun_ep2(repeating_data, tmp_path / "ep2_then_ep1", steps=2)  # saves step 2 at EP=2
     train(config, repeating_data, tmp_path / "ep2_then_ep1")  # resumes it at EP=1 for steps 3-4

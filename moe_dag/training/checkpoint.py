@@ -192,10 +192,14 @@ def _global_state(model: Transformer, optimizer: torch.optim.Optimizer) -> dict[
     model_state, optim_state = get_state_dict(model, optimizer)
     for name, (mesh, local_experts) in _expert_meshes(model).items():
         model_state[name] = _as_global(model_state[name], mesh)
-        per_param = optim_state["state"].get(name, {})
+        # A copy: get_state_dict hands out the optimizer's own per-parameter dicts, and DTensors left in
+        # them would break the next optimizer step.
+        per_param = dict(optim_state["state"].get(name, {}))
         for key, value in per_param.items():
             if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == local_experts:
                 per_param[key] = _as_global(value, mesh)
+        if per_param:
+            optim_state["state"][name] = per_param
     return {"model": model_state, "optimizer": optim_state}
 
 
