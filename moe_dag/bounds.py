@@ -43,8 +43,13 @@ class ChecksConfig:
     def __post_init__(self) -> None:
         shares = {f"max_drop_share.{reason}": share for reason, share in self.max_drop_share.items()}
         for source, bounds in self.max_drop_share_by_source.items():
-            shares |= {f"max_drop_share_by_source.{source}.{reason}": share for reason, share in bounds.items()}
-        shares |= {"min_duplicate_share": self.min_duplicate_share, "max_duplicate_share": self.max_duplicate_share}
+            shares |= {
+                f"max_drop_share_by_source.{source}.{reason}": share for reason, share in bounds.items()
+            }
+        shares |= {
+            "min_duplicate_share": self.min_duplicate_share,
+            "max_duplicate_share": self.max_duplicate_share,
+        }
         shares |= {"min_head_f1": self.min_head_f1, "max_share_error": self.max_share_error}
         for where, share in shares.items():
             if not 0.0 <= share <= 1.0:
@@ -55,7 +60,9 @@ class ChecksConfig:
                 f"max_duplicate_share {self.max_duplicate_share}"
             )
         if not 0.0 < self.loss_window_fraction <= 0.5:
-            raise ValueError(f"checks.loss_window_fraction must be in (0, 0.5], got {self.loss_window_fraction}")
+            raise ValueError(
+                f"checks.loss_window_fraction must be in (0, 0.5], got {self.loss_window_fraction}"
+            )
         if self.max_expert_load_over_mean < 1.0:
             raise ValueError(
                 f"checks.max_expert_load_over_mean must be at least 1 (perfect balance), "
@@ -84,7 +91,9 @@ def drop_share_violations(
     return found
 
 
-def emptied_source(stage: str, source: str, reasons: Mapping[str, int], rows_in: int, kept: int) -> str | None:
+def emptied_source(
+    stage: str, source: str, reasons: Mapping[str, int], rows_in: int, kept: int
+) -> str | None:
     """A sentence naming the stage and the top reasons when a source with input kept nothing, else None."""
     if rows_in == 0 or kept > 0:
         return None
@@ -165,7 +174,9 @@ def router_violations(router: Mapping[str, Any] | None, config: ChecksConfig) ->
     if router is None:
         return []
     found = []
-    for layer, dead, ratio in zip(router["layers"], router["dead_experts"], router["max_over_mean"], strict=True):
+    for layer, dead, ratio in zip(
+        router["layers"], router["dead_experts"], router["max_over_mean"], strict=True
+    ):
         if dead:
             found.append(f"layer {layer}: {dead} dead experts (no token in the health window)")
         if ratio > config.max_expert_load_over_mean:

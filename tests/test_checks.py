@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import math
 from pathlib import Path
 
@@ -30,9 +31,9 @@ from moe_dag.bounds import (
 from moe_dag.config import load_config
 from moe_dag.data.counts import count_shard_lines, slice_counts
 from moe_dag.data.lake import Lake
-from moe_dag.data.mixture import MixtureConfig, SourceTokens, pack_mixture
-from moe_dag.data.mixture.build import HELDOUT_SCHEMA
+from moe_dag.data.mixture import MixtureConfig, build_mixture
 from moe_dag.data.readers import read_shard
+from moe_dag.data.tokenizer import TokenizerConfig, train_tokenizer
 from moe_dag.definitions import build_definitions
 from tests.test_dedup_backfill import sentence_text, write_shard
 
@@ -42,7 +43,13 @@ def pipeline_config(tmp_path: Path, checks: dict | None = None, **source: object
         "lake_root": str(tmp_path / "lake"),
         "catalog_path": str(tmp_path / "catalog.duckdb"),
         "sources": [
-            {"name": "web", "kind": "reference", "shards": str(tmp_path / "corpus"), "languages": None, **source}
+            {
+                "name": "web",
+                "kind": "reference",
+                "shards": str(tmp_path / "corpus"),
+                "languages": None,
+                **source,
+            }
         ],
         "mixture": {"seq_len": 16, "total_tokens": 1000},
     }
@@ -61,14 +68,16 @@ def write_corpus(tmp_path: Path) -> None:
     (folder / "b.jsonl").write_text(f"{short}\n\n{{not json\n")
 
 
-def materialize(config_path: Path, keys: list[str]) -> dg.ExecuteInProcessResult:
+def materialize(
+    config_path: Path, keys: list[str], instance: dg.DagsterInstance | None = None
+) -> dg.ExecuteInProcessResult:
     defs = build_definitions(str(config_path))
     return dg.materialize(
         list(defs.assets) + list(defs.asset_checks or []),
         selection=keys,
         partition_key="web",
         resources=defs.resources,
-        instance=dg.DagsterInstance.ephemeral(),
+        instance=instance or dg.DagsterInstance.ephemeral(),
         raise_on_error=False,
     )
 
@@ -86,7 +95,9 @@ def problems(check: dg.AssetCheckEvaluation) -> list[str]:
 
 def test_line_count_agrees_with_the_reader_on_awkward_shards(tmp_path):
     records = [json.dumps({"id": str(i), "text": f"document {i}"}) for i in range(5)]
-    body = (records[0] + "\r\n\r\n" + records[1] + "\r" + records[2] + records[3] + "\n" + records[4]).encode()
+    body = (
+        records[0] + "\r\n\r\n" + records[1] + "\r" + records[2] + records[3] + "\n" + records[4]
+    ).encode()
     plain, packed, cut = tmp_path / "a.jsonl", tmp_path / "b.jsonl.gz", tmp_path / "c.jsonl.gz"
     plain.write_bytes(body)
     packed.write_bytes(gzip.compress(body))
@@ -112,7 +123,9 @@ def test_raw_documents_fails_when_a_shard_loses_rows_its_records_still_count(tmp
     again = checks_of(materialize(config_path, ["raw_documents"]))
     assert again["rows_reconcile"].passed  # the same-pass count cannot see it
     assert not again["lines_in_shards"].passed
-    assert problems(again["lines_in_shards"]) == [f"{tmp_path / 'corpus' / 'a.jsonl'}: 10 lines in the file, 9 in the lake"]
+    assert problems(again["lines_in_shards"]) == [
+        f"{tmp_path / 'corpus' / 'a.jsonl'}: 10 lines in the file, 9 in the lake"
+    ]
 
 
 def test_a_stage_whose_input_lost_rows_fails_its_reconciliation(tmp_path, local_ray):
@@ -140,26 +153,35 @@ def test_a_stage_whose_input_lost_rows_fails_its_reconciliation(tmp_path, local_
 def test_prefilter_drop_share_fails_naming_reason_source_and_share(tmp_path, local_ray):
     write_corpus(tmp_path)
     result = checks_of(
-        materialize(pipeline_config(tmp_path, {"max_drop_share": {"default": 0.1}}), ["raw_documents", "prefiltered"])
+        materialize(
+            pipeline_config(tmp_path, {"max_drop_share": {"default": 0.1}}), ["raw_documents", "prefiltered"]
+        )
     )
     check = result["drop_share_per_reason"]
     assert not check.passed
     (problem,) = problems(check)
-    assert problem.startswith("prefiltered[web]: reason 'gopher_too_few_words' dropped 2 of 12 documents (16.7%)")
+    assert problem.startswith(
+        "prefiltered[web]: reason 'gopher_too_few_words' dropped 2 of 12 documents (16.7%)"
+    )
     assert result["source_not_emptied"].passed
 
 
 def test_drop_share_bound_per_source_overrides_the_default():
-    config = ChecksConfig(max_drop_share={"default": 0.1, "lang": 0.3}, max_drop_share_by_source={"web": {"lang": 0.9}})
+    config = ChecksConfig(
+        max_drop_share={"default": 0.1, "lang": 0.3}, max_drop_share_by_source={"web": {"lang": 0.9}}
+    )
     assert drop_share_violations("prefiltered", "web", {"lang": 8, "short": 1}, 10, config) == []
     (found,) = drop_share_violations("prefiltered", "code", {"lang": 4, "short": 1}, 10, config)
-    assert "prefiltered[code]: reason 'lang' dropped 4 of 10 documents (40.0%), above its bound 30.0%" in found
+    assert (
+        "prefiltered[code]: reason 'lang' dropped 4 of 10 documents (40.0%), above its bound 30.0%" in found
+    )
 
 
-def test_a_source_that_loses_every_document_stops_at_that_stage_with_the_reasons(tmp_path, local_ray, caplog):
+def test_a_source_that_loses_every_document_stops_at_that_stage_with_the_reasons(tmp_path, local_ray):
     write_corpus(tmp_path)
     config_path = pipeline_config(tmp_path, prefilter={"gopher_min_words": 100_000})
-    result = materialize(config_path, ["raw_documents", "prefiltered", "minhash_signatures"])
+    instance = dg.DagsterInstance.ephemeral()
+    result = materialize(config_path, ["raw_documents", "prefiltered", "minhash_signatures"], instance)
     check = checks_of(result)["source_not_emptied"]
     assert not check.passed
     (problem,) = problems(check)
@@ -167,7 +189,8 @@ def test_a_source_that_loses_every_document_stops_at_that_stage_with_the_reasons
         "source 'web' lost every document at prefiltered (12 in; top reasons: gopher_too_few_words 12)"
     )
     assert "sources[web].prefilter" in problem
-    assert problem in caplog.text  # the run log warns too
+    logged = instance.all_logs(result.dagster_run.run_id)
+    assert any(entry.user_message == problem and entry.level == logging.WARNING for entry in logged)
     # Blocking: the stage after it does not run on the remnant.
     assert not result.success
     assert not Lake(tmp_path / "lake").has_table("minhash_signatures", "web")
@@ -179,10 +202,15 @@ def test_emptied_source_is_none_while_something_is_kept():
 
 
 def test_the_mixture_refuses_a_source_that_kept_no_documents(tmp_path):
-    config = MixtureConfig(weights={"web": 1.0, "social": 1.0}, seq_len=4)
-    sources = {"web": SourceTokens("web", []), "social": SourceTokens("social", [])}
-    with pytest.raises(ValueError, match=r"sources \['social', 'web'\] kept no documents.*remove it from sources"):
-        pack_mixture(sources, HELDOUT_SCHEMA.empty_table(), 100, 0, config, tmp_path)
+    texts = [sentence_text(i, 40) for i in range(30)]
+    documents = {
+        "web": pa.table({"id": [f"web/{i}" for i in range(30)], "text": texts}),
+        "social": pa.table({"id": pa.array([], pa.string()), "text": pa.array([], pa.string())}),
+    }
+    tokenizer = train_tokenizer(iter(texts), TokenizerConfig(vocab_size=300))
+    config = MixtureConfig(weights={"web": 1.0, "social": 1.0}, seq_len=8, heldout_min_documents=2)
+    with pytest.raises(ValueError, match=r"sources \['social'\] kept no documents.*remove it from sources"):
+        build_mixture(documents, tokenizer, config, tmp_path)
 
 
 # Dedup rate bounds -------------------------------------------------------------------------------
@@ -191,8 +219,9 @@ def test_the_mixture_refuses_a_source_that_kept_no_documents(tmp_path):
 def test_duplicate_share_outside_its_bounds_fails():
     config = ChecksConfig(min_duplicate_share=0.01, max_duplicate_share=0.5)
     assert duplicate_share_violation("web", 100, 10, config) is None
-    assert "0 of 100 documents removed as duplicates (0.0%), outside [1.0%, 50.0%]" in duplicate_share_violation(
-        "web", 100, 0, config
+    assert (
+        "0 of 100 documents removed as duplicates (0.0%), outside [1.0%, 50.0%]"
+        in duplicate_share_violation("web", 100, 0, config)
     )
     assert "(90.0%)" in duplicate_share_violation("web", 100, 90, config)
 
@@ -243,7 +272,9 @@ def router(dead: list[int], ratio: list[float]) -> dict:
 
 def write_metrics(run_dir: Path, losses: list[float], last_router: dict) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
-    records = [{"step": i + 1, "loss": loss, "router": router([0, 0], [1.2, 1.3])} for i, loss in enumerate(losses)]
+    records = [
+        {"step": i + 1, "loss": loss, "router": router([0, 0], [1.2, 1.3])} for i, loss in enumerate(losses)
+    ]
     records[-1]["router"] = last_router
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     return run_dir
@@ -258,7 +289,9 @@ def write_metrics(run_dir: Path, losses: list[float], last_router: dict) -> Path
     ],
 )
 def test_training_loss_must_be_finite_and_falling(tmp_path, losses, problem):
-    results = training_check_results(write_metrics(tmp_path, losses, router([0, 0], [1.1, 1.2])), ChecksConfig())
+    results = training_check_results(
+        write_metrics(tmp_path, losses, router([0, 0], [1.1, 1.2])), ChecksConfig()
+    )
     check = {r.check_name: r for r in results}[LOSS_FALLING]
     assert check.passed is (problem is None)
     if problem:
@@ -267,9 +300,13 @@ def test_training_loss_must_be_finite_and_falling(tmp_path, losses, problem):
 
 def test_router_health_fails_on_dead_experts_and_overload(tmp_path):
     falling = list(np.linspace(8.0, 5.0, 20))
-    healthy = training_check_results(write_metrics(tmp_path / "a", falling, router([0, 0], [1.1, 1.9])), ChecksConfig())
+    healthy = training_check_results(
+        write_metrics(tmp_path / "a", falling, router([0, 0], [1.1, 1.9])), ChecksConfig()
+    )
     assert {r.check_name: r.passed for r in healthy} == {LOSS_FALLING: True, ROUTER_HEALTHY: True}
-    sick = training_check_results(write_metrics(tmp_path / "b", falling, router([2, 0], [1.1, 3.5])), ChecksConfig())
+    sick = training_check_results(
+        write_metrics(tmp_path / "b", falling, router([2, 0], [1.1, 3.5])), ChecksConfig()
+    )
     check = {r.check_name: r for r in sick}[ROUTER_HEALTHY]
     assert not check.passed
     assert check.metadata["problems"].value == [
@@ -303,3 +340,18 @@ def test_slice_counts_read_the_keep_column(tmp_path):
     assert slice_counts(lake, "stage", "s") == (3, 2)
     lake.write_table(pa.table({"id": ["a", "b"]}), "raw", "s")
     assert slice_counts(lake, "raw", "s") == (2, 2)
+
+
+def test_every_check_in_the_readme_table_is_declared_with_its_blocking_flag():
+    graph = build_definitions("configs/demo.yaml").resolve_asset_graph()
+    declared = {(k.asset_key.to_user_string(), k.name): graph.get(k).blocking for k in graph.asset_check_keys}
+    table = Path("README.md").read_text().split("### Checks", 1)[1].split("\n###", 1)[0]
+    documented, previous = {}, ""
+    for row in table.splitlines():
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        if len(cells) == 4 and cells[1].startswith("`"):
+            assets = cells[0].replace("the same four", previous) if "the same four" in cells[0] else cells[0]
+            previous = assets
+            for asset in assets.split(","):
+                documented[(asset.strip(" `"), cells[1].strip("`"))] = cells[2] == "yes"
+    assert documented == declared

@@ -36,7 +36,10 @@ def raw_documents(
     documents, quarantined = counts.get("kept", 0), counts.get("quarantined", 0)
     errors = [] if not quarantined else pipeline.lake.read_table("quarantine", source.name, ["error"])
     unreconciled = unreconciled_shards(pipeline.lake, source.name, source.shards, workers=ray.workers or None)
-    lost = [f"{path}: {n['lines']} lines in the file, {n['in_lake']} in the lake" for path, n in unreconciled.items()]
+    lost = [
+        f"{path}: {n['lines']} lines in the file, {n['in_lake']} in the lake"
+        for path, n in unreconciled.items()
+    ]
     return dg.MaterializeResult(
         metadata={
             "documents": documents,
@@ -56,6 +59,8 @@ def raw_documents(
                     "quarantined": quarantined,
                 },
             ),
-            problems_result(LINES_IN_SHARDS, lost, {"shards": len(run.records), "shards_unreconciled": len(lost)}),
+            problems_result(
+                LINES_IN_SHARDS, lost, {"shards": len(run.records), "shards_unreconciled": len(lost)}
+            ),
         ],
     )

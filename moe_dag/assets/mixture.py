@@ -159,7 +159,9 @@ def tokenized_mixture(
                 "target_shares_met",
                 share_error_violations(shares, pipeline.config.checks),
                 {
-                    "max_share_error": round(max(abs(s["achieved_share"] - s["target_share"]) for s in shares.values()), 4),
+                    "max_share_error": round(
+                        max(abs(s["achieved_share"] - s["target_share"]) for s in shares.values()), 4
+                    ),
                     "warnings": dg.MetadataValue.json(report["warnings"]),
                 },
             )

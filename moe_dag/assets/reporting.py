@@ -55,7 +55,9 @@ def decision_check_specs(asset: str, bounds: str | None = None) -> list[dg.Asset
         ),
     ]
     if bounds is not None:
-        specs.append(dg.AssetCheckSpec(bounds, asset=asset, blocking=True, description=BOUND_DESCRIPTIONS[bounds]))
+        specs.append(
+            dg.AssetCheckSpec(bounds, asset=asset, blocking=True, description=BOUND_DESCRIPTIONS[bounds])
+        )
     return specs
 
 
@@ -130,7 +132,9 @@ def decision_result(
     config = pipeline.config.checks
     if bounds == DROP_SHARE:
         problems = drop_share_violations(run.stage, source, reasons, rows_in, config)
-        figures = {"largest_reason_share": round(next(iter(reasons.values()), 0) / rows_in, 4) if rows_in else 0.0}
+        figures = {
+            "largest_reason_share": round(next(iter(reasons.values()), 0) / rows_in, 4) if rows_in else 0.0
+        }
         checks.append(problems_result(DROP_SHARE, problems, figures))
     elif bounds == DUPLICATE_SHARE:
         problem = duplicate_share_violation(source, rows_in, dropped, config)

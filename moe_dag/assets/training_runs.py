@@ -111,10 +111,14 @@ def training_check_results(run_dir: Path, checks: ChecksConfig) -> list[dg.Asset
     records = MetricsLog(run_dir / "metrics.jsonl").read()
     problems, figures = loss_trend([float(r["loss"]) for r in records], checks)
     router = records[-1].get("router") if records else None
-    router_figures = {} if router is None else {
-        "max_over_mean": dg.MetadataValue.json(router["max_over_mean"]),
-        "dead_experts": dg.MetadataValue.json(router["dead_experts"]),
-    }
+    router_figures = (
+        {}
+        if router is None
+        else {
+            "max_over_mean": dg.MetadataValue.json(router["max_over_mean"]),
+            "dead_experts": dg.MetadataValue.json(router["dead_experts"]),
+        }
+    )
     return [
         problems_result(LOSS_FALLING, problems, {k: round(v, 4) for k, v in figures.items()}),
         problems_result(ROUTER_HEALTHY, router_violations(router, checks), router_figures),

@@ -55,22 +55,32 @@ def count_shard_lines(path: str) -> int:
     return lines + sum(1 for piece in LINE_END.split(pending) if piece.strip())
 
 
-def shard_line_counts(lake: Lake, source: str, shards: list[ShardInput], workers: int | None = None) -> dict[str, int]:
+def shard_line_counts(
+    lake: Lake, source: str, shards: list[ShardInput], workers: int | None = None
+) -> dict[str, int]:
     """Line counts of `source`'s raw shards by shard path, counted once per shard fingerprint (cached in
     the lake), in parallel threads (decompression releases the GIL)."""
     cached = lake.records(LINE_COUNTS, source)
-    fresh = {s.key: cached[s.key]["lines"] for s in shards if cached.get(s.key, {}).get("fingerprint") == s.fingerprint}
+    fresh = {
+        s.key: cached[s.key]["lines"]
+        for s in shards
+        if cached.get(s.key, {}).get("fingerprint") == s.fingerprint
+    }
     todo = [s for s in shards if s.key not in fresh]
     with ThreadPoolExecutor(max_workers=workers) as pool:
         for shard, lines in zip(todo, pool.map(count_shard_lines, [s.path for s in todo]), strict=True):
-            lake.write_record(LINE_COUNTS, source, shard.key, {"fingerprint": shard.fingerprint, "lines": lines})
+            lake.write_record(
+                LINE_COUNTS, source, shard.key, {"fingerprint": shard.fingerprint, "lines": lines}
+            )
             fresh[shard.key] = lines
     for stale in set(cached) - {s.key for s in shards}:
         lake.remove_record(LINE_COUNTS, source, stale)
     return {s.path: fresh[s.key] for s in shards}
 
 
-def unreconciled_shards(lake: Lake, source: str, location: str, workers: int | None = None) -> dict[str, dict[str, int]]:
+def unreconciled_shards(
+    lake: Lake, source: str, location: str, workers: int | None = None
+) -> dict[str, dict[str, int]]:
     """Shards of `source` whose line count differs from the lines its ingested rows carry:
     {shard path: {"lines": counted in the file, "in_lake": distinct lines in raw_documents + quarantine}}."""
     counted = shard_line_counts(lake, source, raw_shard_inputs(list_shards(location), location), workers)
@@ -90,9 +100,7 @@ def lines_in_lake(lake: Lake, stages: Iterable[str], source: str) -> dict[str, i
     with duckdb.connect() as con:
         if not lake.is_local:
             con.register_filesystem(lake.fs)
-        query = (
-            "SELECT shard, count(DISTINCT line) FROM read_parquet(?, union_by_name = true) GROUP BY shard"
-        )
+        query = "SELECT shard, count(DISTINCT line) FROM read_parquet(?, union_by_name = true) GROUP BY shard"
         return dict(con.execute(query, [files]).fetchall())
 
 
