@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from moe_dag.bounds import drop_share_violations, duplicate_share_violation, emptied_source
+from moe_dag.bounds import ChecksConfig, drop_share_violations, duplicate_share_violation, emptied_source
 from moe_dag.data.counts import slice_counts
 from moe_dag.data.engine import StageRun, StageSpec, upstream_inputs
 from moe_dag.resources import PipelineResource, RayResource
@@ -129,18 +129,24 @@ def decision_result(
         context.log.warning(emptied)
         metadata["emptied_source"] = emptied
     checks = [reconciled, problems_result(NOT_EMPTIED, [emptied] if emptied else [], {"kept": kept})]
-    config = pipeline.config.checks
-    if bounds == DROP_SHARE:
-        problems = drop_share_violations(run.stage, source, reasons, rows_in, config)
-        figures = {
-            "largest_reason_share": round(next(iter(reasons.values()), 0) / rows_in, 4) if rows_in else 0.0
-        }
-        checks.append(problems_result(DROP_SHARE, problems, figures))
-    elif bounds == DUPLICATE_SHARE:
-        problem = duplicate_share_violation(source, rows_in, dropped, config)
-        figures = {"duplicate_share": round(dropped / rows_in, 4) if rows_in else 0.0}
-        checks.append(problems_result(DUPLICATE_SHARE, [problem] if problem else [], figures))
+    if bounds is not None:
+        checks.append(_bound_result(bounds, run, reasons, pipeline.config.checks))
     return dg.MaterializeResult(metadata=metadata, check_results=checks)
+
+
+def _bound_result(
+    bounds: str, run: StageRun, reasons: dict[str, int], config: ChecksConfig
+) -> dg.AssetCheckResult:
+    rows_in, dropped = run.counts.get("documents", 0), run.counts.get("dropped", 0)
+    if bounds == DROP_SHARE:
+        largest = next(iter(reasons.values()), 0) / rows_in if rows_in else 0.0
+        problems = drop_share_violations(run.stage, run.source, reasons, rows_in, config)
+        return problems_result(DROP_SHARE, problems, {"largest_reason_share": round(largest, 4)})
+    problem = duplicate_share_violation(run.source, rows_in, dropped, config)
+    share = dropped / rows_in if rows_in else 0.0
+    return problems_result(
+        DUPLICATE_SHARE, [problem] if problem else [], {"duplicate_share": round(share, 4)}
+    )
 
 
 def problems_result(check: str, problems: list[str], figures: dict | None = None) -> dg.AssetCheckResult:
