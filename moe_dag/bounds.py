@@ -14,14 +14,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ANY_REASON = "default"  # the key of max_drop_share that bounds every reason not named
+DEFAULT_MAX_DROP_SHARE = 0.5  # for reasons not named, unless `default` says otherwise
 
 
 @dataclass(kw_only=True)
 class ChecksConfig:
     # The share of a filter stage's input that one drop reason may take, by reason code; `default`
-    # bounds every reason not named. A rule that suddenly drops most of a source is a bug signal
-    # (a model that failed to load, a language list that does not match the source).
-    max_drop_share: dict[str, float] = field(default_factory=lambda: {ANY_REASON: 0.5})
+    # bounds every reason not named (0.5 when absent). A rule that suddenly drops most of a source is
+    # a bug signal (a model that failed to load, a language list that does not match the source).
+    max_drop_share: dict[str, float] = field(default_factory=lambda: {ANY_REASON: DEFAULT_MAX_DROP_SHARE})
     # Per source, reason codes whose bound differs from max_drop_share (a source known to be noisy).
     max_drop_share_by_source: dict[str, dict[str, float]] = field(default_factory=dict)
     # The share of a source's documents removed as duplicates. 0% where duplicates are expected, or
@@ -71,7 +72,7 @@ class ChecksConfig:
 
     def drop_bound(self, source: str, reason: str) -> float:
         own = self.max_drop_share_by_source.get(source, {})
-        default = own.get(ANY_REASON, self.max_drop_share.get(ANY_REASON, 1.0))
+        default = own.get(ANY_REASON, self.max_drop_share.get(ANY_REASON, DEFAULT_MAX_DROP_SHARE))
         return own.get(reason, self.max_drop_share.get(reason, default))
 
 

@@ -175,6 +175,10 @@ def test_drop_share_bound_per_source_overrides_the_default():
     assert (
         "prefiltered[code]: reason 'lang' dropped 4 of 10 documents (40.0%), above its bound 30.0%" in found
     )
+    # Naming one reason keeps the default bound for the others.
+    only_lang = ChecksConfig(max_drop_share={"lang": 0.9})
+    (found,) = drop_share_violations("toxicity_filtered", "web", {"toxic": 6}, 10, only_lang)
+    assert "above its bound 50.0%" in found
 
 
 def test_a_source_that_loses_every_document_stops_at_that_stage_with_the_reasons(tmp_path, local_ray):
