@@ -35,11 +35,7 @@ def raw_documents(
     counts = run.counts
     documents, quarantined = counts.get("kept", 0), counts.get("quarantined", 0)
     errors = [] if not quarantined else pipeline.lake.read_table("quarantine", source.name, ["error"])
-    unreconciled = unreconciled_shards(pipeline.lake, source.name, source.shards, workers=ray.workers or None)
-    lost = [
-        f"{path}: {n['lines']} lines in the file, {n['in_lake']} in the lake"
-        for path, n in unreconciled.items()
-    ]
+    lost = unreconciled_shards(pipeline.lake, source.name, source.shards, workers=ray.workers or None)
     return dg.MaterializeResult(
         metadata={
             "documents": documents,

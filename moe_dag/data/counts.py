@@ -78,18 +78,16 @@ def shard_line_counts(
     return {s.path: fresh[s.key] for s in shards}
 
 
-def unreconciled_shards(
-    lake: Lake, source: str, location: str, workers: int | None = None
-) -> dict[str, dict[str, int]]:
-    """Shards of `source` whose line count differs from the lines its ingested rows carry:
-    {shard path: {"lines": counted in the file, "in_lake": distinct lines in raw_documents + quarantine}}."""
+def unreconciled_shards(lake: Lake, source: str, location: str, workers: int | None = None) -> list[str]:
+    """One sentence per shard of `source` whose line count differs from the distinct lines its rows
+    in `raw_documents` and `quarantine` carry."""
     counted = shard_line_counts(lake, source, raw_shard_inputs(list_shards(location), location), workers)
     in_lake = lines_in_lake(lake, ("raw_documents", "quarantine"), source)
-    return {
-        path: {"lines": lines, "in_lake": in_lake.get(path, 0)}
+    return [
+        f"{path}: {lines} lines in the file, {in_lake.get(path, 0)} in the lake"
         for path, lines in sorted(counted.items())
         if in_lake.get(path, 0) != lines
-    }
+    ]
 
 
 def lines_in_lake(lake: Lake, stages: Iterable[str], source: str) -> dict[str, int]:
