@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 import yaml
 
+from moe_dag.bounds import ChecksConfig
 from moe_dag.data.dedup import MinHashConfig
 from moe_dag.data.demo_corpus import DemoCorpusConfig
 from moe_dag.data.engine import RayConfig
@@ -120,6 +121,7 @@ class PipelineConfig:
     comparisons: bool = True
     demo_corpus: DemoCorpusConfig | None = None
     ray: RayConfig = field(default_factory=RayConfig)  # where the data stages run (default: local Ray)
+    checks: ChecksConfig = field(default_factory=ChecksConfig)  # the bounds the asset checks hold
 
     @property
     def source_names(self) -> list[str]:
@@ -167,6 +169,9 @@ def load_config(path: str | Path) -> PipelineConfig:
         raise ValueError(f"{path}: source names must be unique, got {names}")
     if not any(source.mixture_weight > 0 for source in config.sources):
         raise ValueError(f"{path}: at least one source needs a mixture_weight above 0")
+    unknown_sources = sorted(set(config.checks.max_drop_share_by_source) - set(names))
+    if unknown_sources:
+        raise ValueError(f"{path}: checks.max_drop_share_by_source names unknown source(s) {unknown_sources}")
     prefilter_hints = typing.get_type_hints(PrefilterConfig)
     for source in config.sources:
         where = f"sources[{source.name}].prefilter"

@@ -22,10 +22,10 @@ import pyarrow.compute as pc
 from moe_dag.assets.partitions import PER_SOURCE
 from moe_dag.assets.plots import bars_png, png_markdown
 from moe_dag.assets.reporting import (
+    DUPLICATE_SHARE,
+    decision_check_specs,
     decision_result,
     engine_metadata,
-    kept_upstream,
-    reconcile_check_spec,
     run_source_stage,
 )
 from moe_dag.data.dedup import (
@@ -112,7 +112,7 @@ def dedup_clusters(context: dg.AssetExecutionContext, pipeline: PipelineResource
     group_name="curation",
     kinds={"parquet"},
     deps=["prefiltered", "dedup_clusters"],
-    check_specs=[reconcile_check_spec("deduplicated")],
+    check_specs=decision_check_specs("deduplicated", DUPLICATE_SHARE),
 )
 def deduplicated(
     context: dg.AssetExecutionContext, pipeline: PipelineResource, ray: RayResource
@@ -129,7 +129,7 @@ def deduplicated(
     run = run_source_stage(context, pipeline, ray, spec, "prefiltered")
     version = _built_from(pipeline.lake, source)
     context.log.info(f"deduplicated[{source}] built from cluster version {version}")
-    return decision_result(run, kept_upstream(pipeline, "prefiltered", source), {CLUSTER_VERSION: version})
+    return decision_result(context, pipeline, run, "prefiltered", {CLUSTER_VERSION: version}, DUPLICATE_SHARE)
 
 
 def _built_from(lake: Lake, source: str) -> str:

@@ -8,10 +8,14 @@ import dagster as dg
 import pyarrow as pa
 
 from moe_dag.assets.plots import bars_png, png_markdown, scatter_png
+from moe_dag.assets.reporting import problems_result
+from moe_dag.bounds import head_agreement_violations
 from moe_dag.data.heads import heldout_keep_f1, load_backbone, save_heads, train_heads
 from moe_dag.data.oracle import rubric_for_kind
 from moe_dag.data.scoring import calibrate_sources, calibration_warnings
 from moe_dag.resources import PipelineResource
+
+AGREES_WITH_ORACLE = "agrees_with_oracle"
 
 
 @dg.asset(
@@ -19,6 +23,16 @@ from moe_dag.resources import PipelineResource
     kinds={"pytorch", "safetensors"},
     deps=["oracle_labels", "oracle_sample"],
     pool="gpu",
+    check_specs=[
+        dg.AssetCheckSpec(
+            AGREES_WITH_ORACLE,
+            asset="quality_heads",
+            blocking=True,
+            description="keep-decision F1 of the probe and of the judge against the oracle on the held-out "
+            "labels is at least checks.min_head_f1 (blocking: heads that disagree with the oracle would "
+            "spend the scoring of every document on wrong decisions)",
+        )
+    ],
 )
 def quality_heads(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
     """Probe and judge heads predicting every rubric dimension, and per-source thresholds.
@@ -84,4 +98,11 @@ def quality_heads(context: dg.AssetExecutionContext, pipeline: PipelineResource)
             "seconds": round(time.perf_counter() - started, 2),
         },
         data_version=dg.DataVersion(version),
+        check_results=[
+            problems_result(
+                AGREES_WITH_ORACLE,
+                head_agreement_violations(metrics, config.checks),
+                {f"{head}_f1": round(metrics[f"{head}_f1"], 4) for head in ("probe", "judge")},
+            )
+        ],
     )

@@ -3,16 +3,28 @@
 import dagster as dg
 
 from moe_dag.assets.partitions import PER_SOURCE
-from moe_dag.assets.reporting import RECONCILES, engine_metadata, reconcile_check_spec
+from moe_dag.assets.reporting import RECONCILES, engine_metadata, problems_result, reconcile_check_spec
+from moe_dag.data.counts import unreconciled_shards
 from moe_dag.data.ingest import ingest_source
 from moe_dag.resources import PipelineResource, RayResource
+
+LINES_IN_SHARDS = "lines_in_shards"
 
 
 @dg.asset(
     partitions_def=PER_SOURCE,
     group_name="curation",
     kinds={"parquet"},
-    check_specs=[reconcile_check_spec("raw_documents")],
+    check_specs=[
+        reconcile_check_spec("raw_documents"),
+        dg.AssetCheckSpec(
+            LINES_IN_SHARDS,
+            asset="raw_documents",
+            blocking=True,
+            description="every shard's non-blank lines, counted in the file apart from ingest, reappear as "
+            "documents or quarantine rows (distinct lines per shard)",
+        ),
+    ],
 )
 def raw_documents(
     context: dg.AssetExecutionContext, pipeline: PipelineResource, ray: RayResource
@@ -23,6 +35,7 @@ def raw_documents(
     counts = run.counts
     documents, quarantined = counts.get("kept", 0), counts.get("quarantined", 0)
     errors = [] if not quarantined else pipeline.lake.read_table("quarantine", source.name, ["error"])
+    lost = unreconciled_shards(pipeline.lake, source.name, source.shards, workers=ray.workers or None)
     return dg.MaterializeResult(
         metadata={
             "documents": documents,
@@ -41,6 +54,9 @@ def raw_documents(
                     "documents": documents,
                     "quarantined": quarantined,
                 },
-            )
+            ),
+            problems_result(
+                LINES_IN_SHARDS, lost, {"shards": len(run.records), "shards_unreconciled": len(lost)}
+            ),
         ],
     )

@@ -17,6 +17,8 @@ import pyarrow as pa
 from tokenizers import Tokenizer
 
 from moe_dag.assets.plots import bars_png, png_markdown
+from moe_dag.assets.reporting import problems_result
+from moe_dag.bounds import share_error_violations
 from moe_dag.data.engine import StageSpec, upstream_inputs
 from moe_dag.data.engine.stages import TokenizeWork
 from moe_dag.data.mixture import SourceTokens, TokenShard, pack_mixture
@@ -109,7 +111,14 @@ def _heldout_cuts(pipeline: PipelineResource) -> dict[str, int | None]:
     group_name="training",
     kinds={"numpy", "ray"},
     deps=["tokenizer", "scored_documents"],
-    check_specs=[dg.AssetCheckSpec("target_shares_met", asset="tokenized_mixture")],
+    check_specs=[
+        dg.AssetCheckSpec(
+            "target_shares_met",
+            asset="tokenized_mixture",
+            description="every source's achieved token share is within checks.max_share_error of its target "
+            "(non-blocking: a small source at its epoch cap, or an emptied one, is worth a look, not a stop)",
+        )
+    ],
 )
 def tokenized_mixture(
     context: dg.AssetExecutionContext, pipeline: PipelineResource, ray: RayResource
@@ -122,6 +131,8 @@ def tokenized_mixture(
     vocab_size = trained.get_vocab_size(with_added_tokens=True)
     eos = eos_id(trained, pipeline.config.mixture.eos_token)
     report = pack_mixture(sources, heldout, vocab_size, eos, pipeline.config.mixture, out_dir)
+    for warning in report["warnings"]:
+        context.log.warning(f"tokenized_mixture: {warning}")
     shares = report["sources"]
     names = sorted(shares)
     plot = bars_png(
@@ -143,12 +154,16 @@ def tokenized_mixture(
             "plot": dg.MetadataValue.md(png_markdown(plot, "target vs achieved token shares")),
             "path": dg.MetadataValue.path(str(out_dir)),
         },
-        # Not blocking: a small source hitting its epoch cap is worth a look, not a stop.
         check_results=[
-            dg.AssetCheckResult(
-                check_name="target_shares_met",
-                passed=not report["warnings"],
-                metadata={"warnings": dg.MetadataValue.json(report["warnings"])},
+            problems_result(
+                "target_shares_met",
+                share_error_violations(shares, pipeline.config.checks),
+                {
+                    "max_share_error": round(
+                        max(abs(s["achieved_share"] - s["target_share"]) for s in shares.values()), 4
+                    ),
+                    "warnings": dg.MetadataValue.json(report["warnings"]),
+                },
             )
         ],
     )

@@ -3,24 +3,62 @@
 A per-source asset builds a `StageSpec` (its library work and parameters) and calls `run_source_stage`,
 which runs the shards that need it on the Ray resource and returns the stage's counts over every
 finished shard of the source (run now or before), read from their completion records. The checks
-reconcile those counts, and each stage's input with what the stage before it kept, shard by shard.
+reconcile those counts with the stage's own parquet files and with the kept rows of the previous
+stage's files (an independent count: a stage that lost rows before counting them fails), bound the
+share each drop reason takes (`checks.max_drop_share`), and name a source the stage emptied.
 """
 
 from __future__ import annotations
 
 import dagster as dg
 
+from moe_dag.bounds import ChecksConfig, drop_share_violations, duplicate_share_violation, emptied_source
+from moe_dag.data.counts import slice_counts
 from moe_dag.data.engine import StageRun, StageSpec, upstream_inputs
 from moe_dag.resources import PipelineResource, RayResource
 
 RECONCILES = "rows_reconcile"
+NOT_EMPTIED = "source_not_emptied"
+DROP_SHARE = "drop_share_per_reason"
+DUPLICATE_SHARE = "duplicate_share_in_bounds"
+BOUND_DESCRIPTIONS = {
+    DROP_SHARE: "no drop reason takes more of the source than checks.max_drop_share allows (blocking: a rule "
+    "that drops most of a source is a bug signal, and the stages after it would work on the remnant)",
+    DUPLICATE_SHARE: "the share removed as duplicates lies in [checks.min_duplicate_share, "
+    "checks.max_duplicate_share] (blocking: 0% where duplicates are expected, or most of a source, "
+    "points at the clusters, and everything after dedup would be computed on the wrong set)",
+}
 
 
 def reconcile_check_spec(asset: str) -> dg.AssetCheckSpec:
     """Blocking: a stage that lost or invented rows must not feed the next one."""
     return dg.AssetCheckSpec(
-        RECONCILES, asset=asset, blocking=True, description="rows in = kept + dropped (+ quarantined)"
+        RECONCILES,
+        asset=asset,
+        blocking=True,
+        description="rows in = kept + dropped (+ quarantined), and rows in = the rows the previous stage "
+        "kept, counted from its parquet files",
     )
+
+
+def decision_check_specs(asset: str, bounds: str | None = None) -> list[dg.AssetCheckSpec]:
+    """The checks of a stage whose rows carry `keep`/`reason`; `bounds` adds DROP_SHARE or DUPLICATE_SHARE."""
+    specs = [
+        reconcile_check_spec(asset),
+        dg.AssetCheckSpec(
+            NOT_EMPTIED,
+            asset=asset,
+            blocking=True,
+            description="the source kept at least one document (blocking: an emptied source stops the "
+            "pipeline at the stage that emptied it; the check names the stage, the top reasons and what to "
+            "change)",
+        ),
+    ]
+    if bounds is not None:
+        specs.append(
+            dg.AssetCheckSpec(bounds, asset=asset, blocking=True, description=BOUND_DESCRIPTIONS[bounds])
+        )
+    return specs
 
 
 def run_source_stage(
@@ -36,12 +74,6 @@ def run_source_stage(
     return ray.run_stage(context, spec, pipeline.lake, source, inputs)
 
 
-def kept_upstream(pipeline: PipelineResource, upstream: str, source: str) -> int:
-    """Rows the upstream stage passed on for `source`, from its completion records."""
-    records = pipeline.lake.records(upstream, source).values()
-    return sum(int(record["counts"].get("kept", record["counts"].get("documents", 0))) for record in records)
-
-
 def engine_metadata(run: StageRun) -> dict:
     return {
         "shards": len(run.records),
@@ -52,11 +84,23 @@ def engine_metadata(run: StageRun) -> dict:
     }
 
 
-def decision_result(run: StageRun, rows_expected: int, extra: dict | None = None) -> dg.MaterializeResult:
-    """Metadata and the reconciliation check of a stage whose rows carry `keep`/`reason`."""
-    counts = run.counts
+def decision_result(
+    context: dg.AssetExecutionContext,
+    pipeline: PipelineResource,
+    run: StageRun,
+    upstream: str,
+    extra: dict | None = None,
+    bounds: str | None = None,
+) -> dg.MaterializeResult:
+    """Metadata and checks of a stage whose rows carry `keep`/`reason` (see `decision_check_specs`).
+
+    The reconciliation counts the stage's rows three ways: its completion records, its own parquet
+    files, and the kept rows of `upstream`'s parquet files (what the stage should have received)."""
+    counts, source, lake = run.counts, run.source, pipeline.lake
     rows_in, kept, dropped = counts.get("documents", 0), counts.get("kept", 0), counts.get("dropped", 0)
     reasons = dict(sorted(counts.get("reasons", {}).items(), key=lambda kv: (-kv[1], kv[0])))
+    upstream_rows, upstream_kept = slice_counts(lake, upstream, source)
+    file_rows, file_kept = slice_counts(lake, run.stage, source)
     metadata = {
         "rows_in": rows_in,
         "kept": kept,
@@ -67,12 +111,52 @@ def decision_result(run: StageRun, rows_expected: int, extra: dict | None = None
         **engine_metadata(run),
         **(extra or {}),
     }
-    check = dg.AssetCheckResult(
+    reconciled = dg.AssetCheckResult(
         check_name=RECONCILES,
-        passed=rows_in == kept + dropped == rows_expected,
-        metadata={"rows_expected": rows_expected, "rows_in": rows_in, "kept": kept, "dropped": dropped},
+        passed=rows_in == kept + dropped == file_rows == upstream_kept and kept == file_kept,
+        metadata={
+            "rows_in": rows_in,
+            "kept": kept,
+            "dropped": dropped,
+            "rows_in_files": file_rows,
+            "kept_in_files": file_kept,
+            f"kept_by_{upstream}": upstream_kept,
+            f"rows_of_{upstream}": upstream_rows,
+        },
     )
-    return dg.MaterializeResult(metadata=metadata, check_results=[check])
+    emptied = emptied_source(run.stage, source, reasons, rows_in, kept)
+    if emptied:
+        context.log.warning(emptied)
+        metadata["emptied_source"] = emptied
+    checks = [reconciled, problems_result(NOT_EMPTIED, [emptied] if emptied else [], {"kept": kept})]
+    if bounds is not None:
+        checks.append(_bound_result(bounds, run, reasons, pipeline.config.checks))
+    return dg.MaterializeResult(metadata=metadata, check_results=checks)
+
+
+def _bound_result(
+    bounds: str, run: StageRun, reasons: dict[str, int], config: ChecksConfig
+) -> dg.AssetCheckResult:
+    rows_in, dropped = run.counts.get("documents", 0), run.counts.get("dropped", 0)
+    if bounds == DROP_SHARE:
+        largest = next(iter(reasons.values()), 0) / rows_in if rows_in else 0.0
+        problems = drop_share_violations(run.stage, run.source, reasons, rows_in, config)
+        return problems_result(DROP_SHARE, problems, {"largest_reason_share": round(largest, 4)})
+    problem = duplicate_share_violation(run.source, rows_in, dropped, config)
+    share = dropped / rows_in if rows_in else 0.0
+    return problems_result(
+        DUPLICATE_SHARE, [problem] if problem else [], {"duplicate_share": round(share, 4)}
+    )
+
+
+def problems_result(check: str, problems: list[str], figures: dict | None = None) -> dg.AssetCheckResult:
+    """A check result that fails with its problems, one sentence each, in the description and metadata."""
+    return dg.AssetCheckResult(
+        check_name=check,
+        passed=not problems,
+        description="; ".join(problems) or None,
+        metadata={"problems": dg.MetadataValue.json(problems), **(figures or {})},
+    )
 
 
 def reasons_markdown(reasons: dict[str, int]) -> str:

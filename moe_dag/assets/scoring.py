@@ -12,7 +12,7 @@ import functools
 import dagster as dg
 
 from moe_dag.assets.partitions import PER_SOURCE
-from moe_dag.assets.reporting import decision_result, kept_upstream, reconcile_check_spec, run_source_stage
+from moe_dag.assets.reporting import decision_check_specs, decision_result, run_source_stage
 from moe_dag.data.engine import StageSpec
 from moe_dag.data.engine.stages import ScoringWork
 from moe_dag.data.heads import load_heads
@@ -37,7 +37,7 @@ RESCORE_ON_NEW_HEADS = (
     pool="gpu",
     automation_condition=RESCORE_ON_NEW_HEADS,
     check_specs=[
-        reconcile_check_spec("scored_documents"),
+        *decision_check_specs("scored_documents"),
         dg.AssetCheckSpec(
             KEEP_RATE,
             asset="scored_documents",
@@ -69,8 +69,10 @@ def scored_documents(
     documents = max(counts.get("documents", 0), 1)
     kept_rate = counts.get("kept", 0) / documents
     result = decision_result(
+        context,
+        pipeline,
         run,
-        kept_upstream(pipeline, "toxicity_filtered", source),
+        "toxicity_filtered",
         {
             "heads_version": stored.version,
             "early_exit_rate": round(counts.get("early_exits", 0) / documents, 4),

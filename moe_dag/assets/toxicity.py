@@ -5,7 +5,7 @@ import functools
 import dagster as dg
 
 from moe_dag.assets.partitions import PER_SOURCE
-from moe_dag.assets.reporting import decision_result, kept_upstream, reconcile_check_spec, run_source_stage
+from moe_dag.assets.reporting import DROP_SHARE, decision_check_specs, decision_result, run_source_stage
 from moe_dag.data.engine import StageSpec
 from moe_dag.data.engine.stages import FilterWork
 from moe_dag.data.filters import build_toxicity_filters
@@ -17,7 +17,7 @@ from moe_dag.resources import PipelineResource, RayResource
     group_name="curation",
     kinds={"parquet", "ray"},
     deps=["deduplicated"],
-    check_specs=[reconcile_check_spec("toxicity_filtered")],
+    check_specs=decision_check_specs("toxicity_filtered", DROP_SHARE),
 )
 def toxicity_filtered(
     context: dg.AssetExecutionContext, pipeline: PipelineResource, ray: RayResource
@@ -34,5 +34,5 @@ def toxicity_filtered(
     run = run_source_stage(context, pipeline, ray, spec, "deduplicated")
     filters = run.counts.get("filters", {})
     return decision_result(
-        run, kept_upstream(pipeline, "deduplicated", source.name), {"filters": dg.MetadataValue.json(filters)}
+        context, pipeline, run, "deduplicated", {"filters": dg.MetadataValue.json(filters)}, DROP_SHARE
     )

@@ -12,6 +12,8 @@ from moe_dag.assets.training_runs import (
     read_evaluation,
     run_dir_for,
     run_plots,
+    training_check_results,
+    training_check_specs,
 )
 from moe_dag.resources import PipelineResource
 
@@ -25,7 +27,13 @@ EVAL_COLUMNS = {
 }
 
 
-@dg.asset(group_name="training", kinds={"pytorch"}, deps=["tokenized_mixture"], pool="gpu")
+@dg.asset(
+    group_name="training",
+    kinds={"pytorch"},
+    deps=["tokenized_mixture"],
+    pool="gpu",
+    check_specs=training_check_specs("moe_proxy"),
+)
 def moe_proxy(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
     """The MoE proxy, trained by `python -m moe_dag.training` (torchrun's workers for several processes)
     launched through Dagster Pipes, then scored on the held-out documents in the same process, on the
@@ -35,7 +43,10 @@ def moe_proxy(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> 
     launch = pipeline.config.training
     out_dir = run_dir_for(data_dir, launch, lake.artifact_dir("moe_proxy"))
     metadata = launch_training(context, launch, data_dir, out_dir, eval_on=data_dir)
-    return dg.MaterializeResult(metadata={**metadata, **run_plots(out_dir)})
+    return dg.MaterializeResult(
+        metadata={**metadata, **run_plots(out_dir)},
+        check_results=training_check_results(out_dir, pipeline.config.checks),
+    )
 
 
 @dg.asset(group_name="training", kinds={"pytorch", "parquet"}, deps=["moe_proxy"], pool="duckdb_catalog")

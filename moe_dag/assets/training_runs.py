@@ -25,6 +25,8 @@ import numpy as np
 from dagster._core.errors import DagsterPipesExecutionError
 
 from moe_dag.assets.plots import bars_png, png_markdown
+from moe_dag.assets.reporting import problems_result
+from moe_dag.bounds import ChecksConfig, loss_trend, router_violations
 from moe_dag.config import TrainingLaunchConfig
 from moe_dag.training.data import DATA_ORDER
 from moe_dag.training.evaluate import EVAL_FILE
@@ -32,6 +34,8 @@ from moe_dag.training.lifeline import launcher_env
 from moe_dag.training.run_outputs import MetricsLog
 
 LATEST_FILE = "latest"
+LOSS_FALLING = "loss_finite_and_falling"
+ROUTER_HEALTHY = "router_healthy"
 RUN_PLOTS = {"loss_curve": "loss.png", "expert_load": "expert_load.png", "source_shares": "source_shares.png"}
 
 
@@ -80,6 +84,45 @@ def launch_training(
         ) from error
     (out_dir.parent / LATEST_FILE).write_text(out_dir.name)
     return dict(invocation.get_materialize_result().metadata)
+
+
+def training_check_specs(asset: str) -> list[dg.AssetCheckSpec]:
+    return [
+        dg.AssetCheckSpec(
+            LOSS_FALLING,
+            asset=asset,
+            blocking=True,
+            description="every logged loss is finite, and the mean of the last checks.loss_window_fraction "
+            "of steps lies checks.min_loss_drop_fraction below the mean of the first (blocking: evaluating "
+            "a run that diverged or never learned is wasted work, and its comparisons would mislead)",
+        ),
+        dg.AssetCheckSpec(
+            ROUTER_HEALTHY,
+            asset=asset,
+            description="at the last step no MoE layer has a dead expert and max expert load over mean is "
+            "under checks.max_expert_load_over_mean (non-blocking: an unbalanced router makes a worse "
+            "model, but its held-out evaluation is still right, and worth reading)",
+        ),
+    ]
+
+
+def training_check_results(run_dir: Path, checks: ChecksConfig) -> list[dg.AssetCheckResult]:
+    """The `training_check_specs` results of a run, from its metrics.jsonl."""
+    records = MetricsLog(run_dir / "metrics.jsonl").read()
+    problems, figures = loss_trend([float(r["loss"]) for r in records], checks)
+    router = records[-1].get("router") if records else None
+    router_figures = (
+        {}
+        if router is None
+        else {
+            "max_over_mean": dg.MetadataValue.json(router["max_over_mean"]),
+            "dead_experts": dg.MetadataValue.json(router["dead_experts"]),
+        }
+    )
+    return [
+        problems_result(LOSS_FALLING, problems, {k: round(v, 4) for k, v in figures.items()}),
+        problems_result(ROUTER_HEALTHY, router_violations(router, checks), router_figures),
+    ]
 
 
 def latest_run(root: Path) -> Path:

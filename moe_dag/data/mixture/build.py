@@ -110,6 +110,14 @@ def pack_mixture(
 ) -> dict:
     """Sample and pack tokenised sources into train.npy, write heldout.parquet and mixture.json."""
     check_weights(config.weights, sources)
+    held = set(heldout["source"].to_pylist())
+    emptied = sorted(source for source, tokens in sources.items() if not len(tokens) and source not in held)
+    if emptied:
+        # Training without a configured source would quietly change every other source's share.
+        raise ValueError(
+            f"sources {emptied} kept no documents: the source_not_emptied checks of the curation stages "
+            "name the stage and the reasons; loosen those rules for the source, or remove it from sources"
+        )
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     _write_parquet(heldout, out_dir / HELDOUT_FILE)

@@ -1,0 +1,188 @@
+"""The bounds the asset checks hold the pipeline to, and the plain functions that test them.
+
+Each function takes figures a stage already has (counts per reason, a metrics log, held-out F1) and
+returns what is out of bounds, as sentences that name the source, the reason and the figure, so the
+failed check says what went wrong without a query. The Dagster side (`moe_dag/assets/`) only wraps
+them into check results.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+ANY_REASON = "default"  # the key of max_drop_share that bounds every reason not named
+DEFAULT_MAX_DROP_SHARE = 0.5  # for reasons not named, unless `default` says otherwise
+
+
+@dataclass(kw_only=True)
+class ChecksConfig:
+    # The share of a filter stage's input that one drop reason may take, by reason code; `default`
+    # bounds every reason not named (0.5 when absent). A rule that suddenly drops most of a source is
+    # a bug signal (a model that failed to load, a language list that does not match the source).
+    max_drop_share: dict[str, float] = field(default_factory=lambda: {ANY_REASON: DEFAULT_MAX_DROP_SHARE})
+    # Per source, reason codes whose bound differs from max_drop_share (a source known to be noisy).
+    max_drop_share_by_source: dict[str, dict[str, float]] = field(default_factory=dict)
+    # The share of a source's documents removed as duplicates. 0% where duplicates are expected, or
+    # most of a source, points at the dedup parameters or the clusters rather than at the data.
+    min_duplicate_share: float = 0.0
+    max_duplicate_share: float = 0.5
+    # Keep-decision F1 of each head against the oracle on the held-out labels (pooled over sources).
+    # Keeping at random scores about the keep rate (0.7 by default); inverted heads about 0.57.
+    min_head_f1: float = 0.6
+    # |achieved - target| share of training tokens allowed per source in the packed mixture.
+    max_share_error: float = 0.02
+    # Training: the mean loss of the last `loss_window_fraction` of steps must lie at least
+    # `min_loss_drop_fraction` (relative) below the mean of the first as many steps.
+    loss_window_fraction: float = 0.1
+    min_loss_drop_fraction: float = 0.01
+    # Router: max(load) / mean(load) per MoE layer at the last step (1.0 is perfect balance).
+    max_expert_load_over_mean: float = 2.0
+
+    def __post_init__(self) -> None:
+        shares = {f"max_drop_share.{reason}": share for reason, share in self.max_drop_share.items()}
+        for source, bounds in self.max_drop_share_by_source.items():
+            shares |= {
+                f"max_drop_share_by_source.{source}.{reason}": share for reason, share in bounds.items()
+            }
+        shares |= {
+            "min_duplicate_share": self.min_duplicate_share,
+            "max_duplicate_share": self.max_duplicate_share,
+        }
+        shares |= {"min_head_f1": self.min_head_f1, "max_share_error": self.max_share_error}
+        for where, share in shares.items():
+            if not 0.0 <= share <= 1.0:
+                raise ValueError(f"checks.{where} must lie between 0 and 1, got {share}")
+        if self.min_duplicate_share > self.max_duplicate_share:
+            raise ValueError(
+                f"checks.min_duplicate_share {self.min_duplicate_share} is above "
+                f"max_duplicate_share {self.max_duplicate_share}"
+            )
+        if not 0.0 < self.loss_window_fraction <= 0.5:
+            raise ValueError(
+                f"checks.loss_window_fraction must be in (0, 0.5], got {self.loss_window_fraction}"
+            )
+        if self.max_expert_load_over_mean < 1.0:
+            raise ValueError(
+                f"checks.max_expert_load_over_mean must be at least 1 (perfect balance), "
+                f"got {self.max_expert_load_over_mean}"
+            )
+
+    def drop_bound(self, source: str, reason: str) -> float:
+        own = self.max_drop_share_by_source.get(source, {})
+        default = own.get(ANY_REASON, self.max_drop_share.get(ANY_REASON, DEFAULT_MAX_DROP_SHARE))
+        return own.get(reason, self.max_drop_share.get(reason, default))
+
+
+def drop_share_violations(
+    stage: str, source: str, reasons: Mapping[str, int], rows_in: int, config: ChecksConfig
+) -> list[str]:
+    """One sentence per drop reason whose share of the stage's input is above its bound."""
+    found = []
+    for reason, count in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])):
+        share, bound = count / rows_in if rows_in else 0.0, config.drop_bound(source, reason)
+        if share > bound:
+            found.append(
+                f"{stage}[{source}]: reason {reason!r} dropped {count} of {rows_in} documents "
+                f"({share:.1%}), above its bound {bound:.1%} (checks.max_drop_share, or "
+                f"checks.max_drop_share_by_source.{source}.{reason})"
+            )
+    return found
+
+
+def emptied_source(
+    stage: str, source: str, reasons: Mapping[str, int], rows_in: int, kept: int
+) -> str | None:
+    """A sentence naming the stage and the top reasons when a source with input kept nothing, else None."""
+    if rows_in == 0 or kept > 0:
+        return None
+    top = sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))[:3]
+    named = ", ".join(f"{reason} {count}" for reason, count in top) or "no reason recorded"
+    return (
+        f"source {source!r} lost every document at {stage} ({rows_in} in; top reasons: {named}). The "
+        f"pipeline stops here rather than train a mixture without it: loosen the rules that dropped it "
+        f"for this source (sources[{source}].prefilter or .languages for the prefilter, toxicity.* "
+        f"otherwise), or remove {source!r} from sources"
+    )
+
+
+def duplicate_share_violation(source: str, rows_in: int, duplicates: int, config: ChecksConfig) -> str | None:
+    """A sentence when the share of `source` removed as duplicates lies outside the configured bounds."""
+    if rows_in == 0:
+        return None
+    share = duplicates / rows_in
+    low, high = config.min_duplicate_share, config.max_duplicate_share
+    if low <= share <= high:
+        return None
+    return (
+        f"deduplicated[{source}]: {duplicates} of {rows_in} documents removed as duplicates ({share:.1%}), "
+        f"outside [{low:.1%}, {high:.1%}] (checks.min_duplicate_share, checks.max_duplicate_share)"
+    )
+
+
+def head_agreement_violations(metrics: Mapping[str, float], config: ChecksConfig) -> list[str]:
+    """One sentence per head whose pooled held-out keep F1 against the oracle is under the floor."""
+    found = []
+    for head in ("probe", "judge"):
+        f1 = metrics.get(f"{head}_f1")
+        if f1 is None or not math.isfinite(f1) or f1 < config.min_head_f1:
+            found.append(
+                f"{head} head: keep-decision F1 vs the oracle {f1} on held-out labels, under "
+                f"checks.min_head_f1 {config.min_head_f1}"
+            )
+    return found
+
+
+def share_error_violations(shares: Mapping[str, Mapping[str, Any]], config: ChecksConfig) -> list[str]:
+    """One sentence per source whose achieved token share misses its target by more than the tolerance."""
+    found = []
+    for source, figures in sorted(shares.items()):
+        error = abs(figures["achieved_share"] - figures["target_share"])
+        if error > config.max_share_error:
+            found.append(
+                f"source {source!r}: achieved share {figures['achieved_share']:.4f} against target "
+                f"{figures['target_share']:.4f} (error {error:.4f} > checks.max_share_error "
+                f"{config.max_share_error})"
+            )
+    return found
+
+
+def loss_trend(losses: Sequence[float], config: ChecksConfig) -> tuple[list[str], dict[str, float]]:
+    """Whether the training loss is finite and falling: (problems, figures).
+
+    Falling: the mean of the last window of steps lies `min_loss_drop_fraction` (relative) below the
+    mean of the first window, each window `loss_window_fraction` of the steps (at least one step)."""
+    if not losses:
+        return ["the run logged no step"], {}
+    bad = [i for i, loss in enumerate(losses) if not math.isfinite(loss)]
+    if bad:
+        return [f"{len(bad)} non-finite losses, the first at logged step {bad[0] + 1}"], {}
+    window = max(1, math.ceil(len(losses) * config.loss_window_fraction))
+    first, last = sum(losses[:window]) / window, sum(losses[-window:]) / window
+    figures = {"first_window_mean": first, "last_window_mean": last, "window_steps": window}
+    if len(losses) < 2 * window or last > first * (1.0 - config.min_loss_drop_fraction):
+        return [
+            f"the loss did not fall: mean {last:.4f} over the last {window} steps against {first:.4f} over "
+            f"the first (needs a drop of checks.min_loss_drop_fraction {config.min_loss_drop_fraction:.1%})"
+        ], figures
+    return [], figures
+
+
+def router_violations(router: Mapping[str, Any] | None, config: ChecksConfig) -> list[str]:
+    """Dead experts and overloaded layers in the last step's router record (`training/health.py`)."""
+    if router is None:
+        return []
+    found = []
+    for layer, dead, ratio in zip(
+        router["layers"], router["dead_experts"], router["max_over_mean"], strict=True
+    ):
+        if dead:
+            found.append(f"layer {layer}: {dead} dead experts (no token in the health window)")
+        if ratio > config.max_expert_load_over_mean:
+            found.append(
+                f"layer {layer}: max expert load {ratio:.2f}x the mean, above "
+                f"checks.max_expert_load_over_mean {config.max_expert_load_over_mean}"
+            )
+    return found

@@ -1,0 +1,116 @@
+"""Counts taken apart from the stage that produced the rows, for reconciliation checks that can fail.
+
+A stage's completion records count what the stage itself saw, so a check built on them alone cannot
+catch a stage that lost rows before counting them. These counts come from elsewhere:
+
+- `count_shard_lines`: the records in a raw shard by a plain line count of its decompressed bytes
+  (non-blank lines; a parquet shard's row count from its footer), without parsing JSON. Ingest turns
+  every such line into at least one document or quarantine row carrying the line's number, so the
+  distinct (shard, line) pairs in `raw_documents` and `quarantine` must equal it shard by shard.
+- `lines_in_lake`: those distinct pairs, by one DuckDB query over the slice's parquet files.
+- `slice_counts`: rows and kept rows of a stage's slice, read from its parquet files (the `keep`
+  column only), which is what the next stage must have received.
+"""
+
+from __future__ import annotations
+
+import gzip
+import zlib
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+
+import duckdb
+import fsspec
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import zstandard
+
+from moe_dag.data.engine import ShardInput, raw_shard_inputs
+from moe_dag.data.lake import Lake
+from moe_dag.data.readers import CHUNK_BYTES, LINE_END, list_shards
+
+LINE_COUNTS = "shard_lines"  # lake folder of cached counts: shard_lines/source=<s>/_done/<key>.json
+STREAM_CUT = (EOFError, gzip.BadGzipFile, zlib.error, zstandard.ZstdError)
+
+
+def count_shard_lines(path: str) -> int:
+    """Records in one raw shard: its non-blank lines (plus one for a compressed stream cut short, whose
+    tail ingest quarantines as one record), or a parquet shard's rows."""
+    if path.endswith(".parquet"):
+        with fsspec.open(path, "rb") as handle:
+            return pq.ParquetFile(handle).metadata.num_rows
+    lines, pending = 0, b""
+    with fsspec.open(path, "rb", compression="infer") as stream:
+        # read1 hands over what was decoded before a cut, as a reader of a truncated stream sees it.
+        read = getattr(stream, "read1", stream.read)
+        try:
+            for chunk in iter(lambda: read(CHUNK_BYTES), b""):
+                pieces = LINE_END.split(pending + chunk)
+                pending = pieces.pop()
+                if chunk.endswith(b"\r"):  # the first half of a CRLF split across chunks
+                    pending = pieces.pop() + b"\r"
+                lines += sum(1 for piece in pieces if piece.strip())
+        except STREAM_CUT:
+            return lines + 1
+    return lines + sum(1 for piece in LINE_END.split(pending) if piece.strip())
+
+
+def shard_line_counts(
+    lake: Lake, source: str, shards: list[ShardInput], workers: int | None = None
+) -> dict[str, int]:
+    """Line counts of `source`'s raw shards by shard path, counted once per shard fingerprint (cached in
+    the lake), in parallel threads (decompression releases the GIL)."""
+    cached = lake.records(LINE_COUNTS, source)
+    fresh = {
+        s.key: cached[s.key]["lines"]
+        for s in shards
+        if cached.get(s.key, {}).get("fingerprint") == s.fingerprint
+    }
+    todo = [s for s in shards if s.key not in fresh]
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for shard, lines in zip(todo, pool.map(count_shard_lines, [s.path for s in todo]), strict=True):
+            lake.write_record(
+                LINE_COUNTS, source, shard.key, {"fingerprint": shard.fingerprint, "lines": lines}
+            )
+            fresh[shard.key] = lines
+    for stale in set(cached) - {s.key for s in shards}:
+        lake.remove_record(LINE_COUNTS, source, stale)
+    return {s.path: fresh[s.key] for s in shards}
+
+
+def unreconciled_shards(lake: Lake, source: str, location: str, workers: int | None = None) -> list[str]:
+    """One sentence per shard of `source` whose line count differs from the distinct lines its rows
+    in `raw_documents` and `quarantine` carry."""
+    counted = shard_line_counts(lake, source, raw_shard_inputs(list_shards(location), location), workers)
+    in_lake = lines_in_lake(lake, ("raw_documents", "quarantine"), source)
+    return [
+        f"{path}: {lines} lines in the file, {in_lake.get(path, 0)} in the lake"
+        for path, lines in sorted(counted.items())
+        if in_lake.get(path, 0) != lines
+    ]
+
+
+def lines_in_lake(lake: Lake, stages: Iterable[str], source: str) -> dict[str, int]:
+    """Distinct (shard, line) pairs over the rows of `stages` for `source`, by shard path."""
+    files = [path for stage in stages for path in lake.parquet_files(stage, source)]
+    if not files:
+        return {}
+    with duckdb.connect() as con:
+        if not lake.is_local:
+            con.register_filesystem(lake.fs)
+        query = "SELECT shard, count(DISTINCT line) FROM read_parquet(?, union_by_name = true) GROUP BY shard"
+        return dict(con.execute(query, [files]).fetchall())
+
+
+def slice_counts(lake: Lake, stage: str, source: str) -> tuple[int, int]:
+    """(rows, kept rows) of a stage's slice from its files; a stage without `keep` passes on every row."""
+    rows = kept = 0
+    for path in lake.parquet_files(stage, source):
+        with lake.fs.open(path, "rb") as handle:
+            parquet = pq.ParquetFile(handle)
+            count = parquet.metadata.num_rows
+            has_keep = "keep" in parquet.schema_arrow.names
+            keep = parquet.read(columns=["keep"])["keep"] if has_keep and count else None
+        rows += count
+        kept += count if keep is None else int(pc.sum(keep).as_py() or 0)
+    return rows, kept
