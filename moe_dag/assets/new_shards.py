@@ -22,9 +22,10 @@ from moe_dag.data.shard_ledger import LedgerChanges, ShardFile, ShardLedger, led
 
 def new_shards_sensor(config: PipelineConfig, source: SourceConfig) -> dg.SensorDefinition:
     ledger = ShardLedger(ledger_path(config.catalog_path))
+    name = f"new_shards_{source.name}"
 
     @dg.sensor(
-        name=f"new_shards_{source.name}",
+        name=name,
         asset_selection=dg.AssetSelection.assets("raw_documents"),
         minimum_interval_seconds=60,
         default_status=dg.DefaultSensorStatus.STOPPED,
@@ -39,7 +40,7 @@ def new_shards_sensor(config: PipelineConfig, source: SourceConfig) -> dg.Sensor
         return dg.RunRequest(
             run_key=_run_key(changes),
             partition_key=source.name,
-            tags=run_tags(config, context.sensor_name, source.name)
+            tags=run_tags(config, name, source.name)
             | {TAG_NEW_SHARDS: shards_tag([shard.path for shard in changes.pending] or changes.removed)},
         )
 
@@ -53,7 +54,7 @@ def record_ingested(
     location = config.source(source).shards
     ingested = {record["input"] for record in records.values()}
     shards = [shard for shard in scan_shards(location) if shard.path in ingested]
-    changes = ShardLedger(ledger_path(config.catalog_path)).record(source, shards, context.run_id)
+    changes = ShardLedger(ledger_path(config.catalog_path)).record(source, shards, context.run.run_id)
     context.log.info(f"shard ledger [{source}]: {changes.describe()}")
     return changes
 

@@ -131,15 +131,16 @@ class ShardLedger:
             con.execute("BEGIN TRANSACTION")
             for path in changes.removed:
                 con.execute("DELETE FROM shard_ledger WHERE source = ? AND path = ?", [source, path])
-            con.executemany(
-                """
-                INSERT INTO shard_ledger VALUES (?, ?, ?, ?, ?, ?, ?, ?)
-                ON CONFLICT (source, path) DO UPDATE SET size = excluded.size, mtime = excluded.mtime,
-                    checksum = excluded.checksum, ingested_by = excluded.ingested_by,
-                    ingested_at = excluded.ingested_at
-                """,
-                rows,
-            )
+            for row in rows:
+                con.execute(
+                    """
+                    INSERT INTO shard_ledger VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+                    ON CONFLICT (source, path) DO UPDATE SET size = excluded.size, mtime = excluded.mtime,
+                        checksum = excluded.checksum, ingested_by = excluded.ingested_by,
+                        ingested_at = excluded.ingested_at
+                    """,
+                    row,
+                )
             # Same bytes under a new modification time: remember the new time, so the next look is cheap.
             for shard in shards:
                 con.execute(
