@@ -100,7 +100,7 @@ def materialize_all(
                     log(f"warning: check {check.check_name} on {check.asset_key.to_user_string()} failed")
             log(f"{', '.join(todo)}{where}: {time.perf_counter() - stage_started:.1f}s")
     run.seconds = time.perf_counter() - started
-    if not run.launched:
+    if run.up_to_date and not run.launched:
         log(f"up to date: {len(run.up_to_date)} assets, nothing to materialise (--force redoes them all)")
     return run
 
