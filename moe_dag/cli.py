@@ -110,16 +110,20 @@ def run_all(config_path: str, force: bool = False, sources: list[str] | None = N
     else in `dagster/` beside the catalog, so that the next run knows what is up to date."""
     import dagster as dg
 
-    from moe_dag.pipeline import materialize_all
+    from moe_dag.pipeline import UnknownSourceError, materialize_all
 
     if os.environ.get("DAGSTER_HOME"):
         instance = dg.DagsterInstance.get()
     else:
         home = Path(load_config(config_path).catalog_path).parent / "dagster"
         print(f"DAGSTER_HOME is not set: recording runs in {home}")
+        home.mkdir(parents=True, exist_ok=True)
         instance = dg.DagsterInstance.local_temp(str(home))
     with instance:
-        run = materialize_all(config_path, instance=instance, force=force, sources=sources)
+        try:
+            run = materialize_all(config_path, instance=instance, force=force, sources=sources)
+        except UnknownSourceError as error:
+            raise SystemExit(f"moe-dag run: {error}") from error
     if run.launched:
         print(f"{len(run.launched)} asset partitions materialised in {run.seconds:.0f}s")
 

@@ -37,6 +37,10 @@ STAGES: list[tuple[list[str], bool]] = [
 ]
 
 
+class UnknownSourceError(ValueError):
+    """A source asked for that the config does not name."""
+
+
 @dataclass
 class PipelineRun:
     seconds: float
@@ -61,7 +65,9 @@ def materialize_all(
     config = definitions.resources["pipeline"].config
     unknown = sorted(set(sources or []) - set(config.source_names))
     if unknown:
-        raise ValueError(f"no source named {unknown} in {config_path}; sources: {config.source_names}")
+        raise UnknownSourceError(
+            f"no source named {unknown} in {config_path}; sources: {config.source_names}"
+        )
     instance = instance or dg.DagsterInstance.ephemeral()
     assets = list(definitions.assets) + list(definitions.asset_checks or [])  # runs include their checks
     graph = definitions.resolve_asset_graph()

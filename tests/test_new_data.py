@@ -15,6 +15,7 @@ import dagster as dg
 import pytest
 from test_dedup_backfill import SOURCES, pipeline_config, sentence_text, write_shard
 
+from moe_dag import cli, pipeline
 from moe_dag.automation import TAG_CONFIG_VERSION, TAG_NEW_SHARDS, TAG_SOURCE, config_version
 from moe_dag.config import load_config
 from moe_dag.definitions import build_definitions
@@ -162,8 +163,13 @@ def test_a_new_shard_runs_its_source_then_its_downstream_partitions_only(curated
 
 
 @pytest.mark.slow
-def test_staleness_follows_new_shards_and_config_and_a_rerun_is_byte_identical(curated, tmp_path):
+def test_staleness_follows_new_shards_and_config_and_a_source_backfill_is_byte_identical(
+    curated, monkeypatch
+):
     corpus, config_path, defs, instance = curated
+    monkeypatch.setattr(
+        pipeline, "STAGES", [(PER_SOURCE, True), (["dedup_clusters"], False), (AFTER_CLUSTERS, True)]
+    )
 
     def reasons(definitions=defs) -> dict[tuple[str, str | None], str]:
         staleness = Staleness(instance, definitions, load_config(config_path))
@@ -181,16 +187,32 @@ def test_staleness_follows_new_shards_and_config_and_a_rerun_is_byte_identical(c
     materialize(defs, instance, ["raw_documents"], "a")
     assert list(reasons()) == [("prefiltered", "a")]  # stale: raw_documents[a] has a new data version
 
-    # A rerun of a partition from nothing gives the same files, byte for byte (the completion records'
-    # timings aside), and the same data version.
-    curate_everything(defs, instance)
-    before = lake_contents(config_path, "a")
-    version = raw_data_version(instance, "a")
-    lake = Path(load_config(config_path).lake_root)
-    for stage in lake.iterdir():
+    # `moe-dag run` runs what is stale, in order; then nothing. Its runs carry the source and config.
+    said = []
+    run = pipeline.materialize_all(str(config_path), instance=instance, log=said.append)
+    assert run.launched == [
+        ("prefiltered", "a"),
+        ("minhash_signatures", "a"),
+        ("dedup_clusters", None),
+        ("deduplicated", "a"),
+        ("toxicity_filtered", "a"),
+    ]
+    latest = instance.get_latest_materialization_event(dg.AssetKey("toxicity_filtered")).run_id
+    tags = instance.get_run_by_id(latest).tags
+    assert tags[TAG_SOURCE] == "a" and tags[TAG_CONFIG_VERSION] == config_version(config_path)
+    assert pipeline.materialize_all(str(config_path), instance=instance, log=said.append).launched == []
+    assert said[-1].startswith("up to date: 6 assets")
+
+    # Backfilling one source from nothing (`moe-dag run --source a --force`) gives the same files, byte
+    # for byte (the completion records' timings aside), and the same data version; dedup_clusters, whose
+    # inputs' data versions did not change, does not run.
+    before, version = lake_contents(config_path, "a"), raw_data_version(instance, "a")
+    for stage in Path(load_config(config_path).lake_root).iterdir():
         shutil.rmtree(stage / "source=a", ignore_errors=True)
-    materialize(defs, instance, PER_SOURCE, "a")
-    materialize(defs, instance, AFTER_CLUSTERS, "a")
+    run = pipeline.materialize_all(
+        str(config_path), instance=instance, log=said.append, force=True, sources=["a"]
+    )
+    assert run.launched == [(key, "a") for key in PER_SOURCE + AFTER_CLUSTERS]
     assert lake_contents(config_path, "a") == before and len(before) > 10
     assert raw_data_version(instance, "a") == version
     assert reasons() == {}
@@ -201,3 +223,9 @@ def test_staleness_follows_new_shards_and_config_and_a_rerun_is_byte_identical(c
     stale = reasons(build_definitions(config_path))
     assert set(stale) == {("minhash_signatures", "a"), ("minhash_signatures", "b"), ("dedup_clusters", None)}
     assert all("code version" in reason for reason in stale.values())
+
+
+def test_backfilling_an_unknown_source_names_the_sources(tmp_path):
+    config_path = pipeline_config(tmp_path, tmp_path / "corpus", "pipeline")
+    with pytest.raises(SystemExit, match=r"no source named \['zz'\].*sources: \['a', 'b'\]"):
+        cli.main(["--config", str(config_path), "run", "--source", "zz"])
