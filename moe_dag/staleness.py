@@ -16,7 +16,9 @@ from dagster._core.asset_graph_view.asset_graph_view import AssetGraphView, Temp
 from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
 from dagster._time import get_current_datetime
 
+from moe_dag.assets.dedup import VERSIONS
 from moe_dag.config import PipelineConfig
+from moe_dag.data.dedup import CLUSTER_VERSION
 from moe_dag.data.shard_ledger import LedgerChanges, ShardLedger, ledger_path, scan_shards
 
 
@@ -31,7 +33,7 @@ class Staleness:
             asset_graph=graph,
         )
         self.resolver = CachingStaleStatusResolver(instance, graph, view)
-        self.config = config
+        self.instance, self.config = instance, config
 
     def reason(self, asset: str, partition: str | None) -> str | None:
         """Why `asset` (partition) needs a run ("missing", "stale: ...", "new shards: ..."), or None."""
@@ -39,13 +41,36 @@ class Staleness:
         status = self.resolver.get_status(key, partition)
         if status == StaleStatus.MISSING:
             return "missing"
-        if status == StaleStatus.STALE:
+        if status == StaleStatus.STALE and not self._same_clusters_for_source(asset, partition):
             causes = self.resolver.get_stale_root_causes(key, partition)
             return "stale: " + "; ".join(sorted({_describe(cause) for cause in causes}))
         if asset == "raw_documents" and partition is not None:
             changes = shard_changes(self.config, partition)
             return f"shards: {changes.describe()}" if changes else None
         return None
+
+    def _same_clusters_for_source(self, asset: str, partition: str | None) -> bool:
+        """A `deduplicated` partition stale only because `dedup_clusters` was rebuilt, while the source's
+        own cluster version is the one it was built from: its rows would not change (the rule of the
+        `dedup_consistency` sensor, finer than Dagster's, which sees one unpartitioned upstream)."""
+        if asset != "deduplicated" or partition is None:
+            return False
+        causes = self.resolver.get_stale_causes(dg.AssetKey(asset), partition)
+        if any(cause.dependency_asset_key != dg.AssetKey("dedup_clusters") for cause in causes):
+            return False
+        clusters = _latest_metadata(self.instance, "dedup_clusters", None).get(VERSIONS)
+        built = _latest_metadata(self.instance, "deduplicated", partition).get(CLUSTER_VERSION)
+        return clusters is not None and built is not None and clusters.value.get(partition) == built.value
+
+
+def _latest_metadata(instance: dg.DagsterInstance, asset: str, partition: str | None) -> dict:
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(
+            asset_key=dg.AssetKey(asset), asset_partitions=[partition] if partition else None
+        ),
+        limit=1,
+    ).records
+    return dict(records[0].asset_materialization.metadata) if records else {}
 
 
 def shard_changes(config: PipelineConfig, source: str) -> LedgerChanges:
