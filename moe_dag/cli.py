@@ -17,7 +17,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("demo-corpus", help="write the embedded demo corpus where the config's sources point")
-    commands.add_parser("run", help="materialise every asset for every source, in process")
+    run = commands.add_parser("run", help="materialise what is missing or stale, in process")
+    run.add_argument("--force", action="store_true", help="materialise everything, stale or not")
+    run.add_argument(
+        "--source",
+        action="append",
+        metavar="NAME",
+        help="backfill this source (repeatable): its per-source stages, then the global ones that are stale",
+    )
     commands.add_parser("summary", help="print documents kept per stage, dedup, heads, mixture and loss")
     commands.add_parser("demo", help="demo-corpus, then run, then summary")
     query = commands.add_parser("query", help="run one SQL query on the DuckDB catalog, read-only")
@@ -37,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("demo-corpus", "demo"):
         write_demo_corpus(args.config)
     if args.command in ("run", "demo"):
-        run_all(args.config)
+        run_all(args.config, force=getattr(args, "force", False), sources=getattr(args, "source", None))
     if args.command == "free-stuck-runs":
         return free_stuck_runs()
     if args.command == "query":
@@ -98,14 +105,27 @@ def free_stuck_runs() -> int:
     return 0
 
 
-def run_all(config_path: str) -> None:
+def run_all(config_path: str, force: bool = False, sources: list[str] | None = None) -> None:
+    """Materialise what is missing or stale. Runs are recorded in the instance at $DAGSTER_HOME, or
+    else in `dagster/` beside the catalog, so that the next run knows what is up to date."""
     import dagster as dg
 
-    from moe_dag.pipeline import materialize_all
+    from moe_dag.pipeline import UnknownSourceError, materialize_all
 
-    instance = dg.DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else None
-    seconds = materialize_all(config_path, instance=instance)
-    print(f"whole graph materialised in {seconds:.0f}s")
+    if os.environ.get("DAGSTER_HOME"):
+        instance = dg.DagsterInstance.get()
+    else:
+        home = Path(load_config(config_path).catalog_path).parent / "dagster"
+        print(f"DAGSTER_HOME is not set: recording runs in {home}")
+        home.mkdir(parents=True, exist_ok=True)
+        instance = dg.DagsterInstance.local_temp(str(home))
+    with instance:
+        try:
+            run = materialize_all(config_path, instance=instance, force=force, sources=sources)
+        except UnknownSourceError as error:
+            raise SystemExit(f"moe-dag run: {error}") from error
+    if run.launched:
+        print(f"{len(run.launched)} asset partitions materialised in {run.seconds:.0f}s")
 
 
 if __name__ == "__main__":

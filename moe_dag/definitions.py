@@ -1,4 +1,4 @@
-"""The one Definitions of moe-dag: assets, checks, jobs, schedules and resources.
+"""The one Definitions of moe-dag: assets, checks, jobs, schedules, sensors and resources.
 
 Built from one read of the pipeline config (path from `MOE_DAG_CONFIG`, default `configs/demo.yaml`)
 when Dagster loads the code location, not when this module is imported.
@@ -21,8 +21,10 @@ from moe_dag.assets import (
     toxicity,
     training,
 )
+from moe_dag.assets.new_shards import new_shards_sensor
 from moe_dag.assets.partitions import bind_source_partitions
-from moe_dag.config import config_path_from_env, load_config
+from moe_dag.automation import automation_sensor, run_tags, with_operating_attributes
+from moe_dag.config import PipelineConfig, config_path_from_env, load_config
 from moe_dag.instance_health import free_dead_runs
 from moe_dag.resources import PipelineResource, RayResource
 
@@ -53,7 +55,9 @@ rescore_sources = dg.define_asset_job(
 )
 
 
-def weekly_rescoring_schedule(partitions: dg.PartitionsDefinition) -> dg.ScheduleDefinition:
+def weekly_rescoring_schedule(
+    partitions: dg.PartitionsDefinition, config: PipelineConfig
+) -> dg.ScheduleDefinition:
     @dg.schedule(
         job=rescore_sources, cron_schedule="0 3 * * 0", default_status=dg.DefaultScheduleStatus.STOPPED
     )
@@ -61,7 +65,9 @@ def weekly_rescoring_schedule(partitions: dg.PartitionsDefinition) -> dg.Schedul
         """Sunday 03:00: one rescoring run per source, so a new heads version reaches every partition."""
         for source in partitions.get_partition_keys():
             yield dg.RunRequest(
-                run_key=f"{context.scheduled_execution_time:%Y-%m-%d}-{source}", partition_key=source
+                run_key=f"{context.scheduled_execution_time:%Y-%m-%d}-{source}",
+                partition_key=source,
+                tags=run_tags(config, "weekly_rescoring", source),
             )
 
     return weekly_rescoring
@@ -83,12 +89,13 @@ def build_definitions(config_path: str | Path | None = None) -> dg.Definitions:
     partitions, assets = bind_source_partitions(
         dg.load_assets_from_modules(ASSET_MODULES), config.source_names
     )
+    new_shards = [new_shards_sensor(config, source) for source in config.sources]
     return dg.Definitions(
-        assets=assets,
+        assets=with_operating_attributes(assets, config),
         asset_checks=dg.load_asset_checks_from_modules(ASSET_MODULES),
         jobs=[curate_source, rescore_sources],
-        schedules=[weekly_rescoring_schedule(partitions)],
-        sensors=[stuck_run_reaper, dedup.dedup_consistency],
+        schedules=[weekly_rescoring_schedule(partitions, config)],
+        sensors=[stuck_run_reaper, dedup.dedup_consistency, *new_shards, automation_sensor(config)],
         resources={
             "pipeline": PipelineResource(config_path=str(path)),
             "ray": RayResource.from_config(config.ray),

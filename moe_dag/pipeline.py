@@ -1,18 +1,24 @@
-"""Materialise the whole graph in process, stage by stage: what `make demo` and the end-to-end test run.
+"""Materialise the graph in process, stage by stage: what `moe-dag run`, `make demo` and the end-to-end
+test run.
 
 Per-source stages run once per partition; global stages (dedup clustering, heads, mixture, training)
 run once after every source has reached them. In the UI the same order comes from the asset graph.
+Only what is missing or stale runs (`moe_dag/staleness.py`): on an unchanged lake nothing does, and
+the heads do not retrain. Every run is tagged with the config version and, per source, the source.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import dagster as dg
 
+from moe_dag.automation import run_tags
 from moe_dag.definitions import build_definitions
 from moe_dag.instance_health import free_dead_runs, pool_holders
+from moe_dag.staleness import Staleness
 
 # Step events stay in the instance (and the UI); the console shows what the assets log themselves.
 QUIET_CONSOLE = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
@@ -31,40 +37,95 @@ STAGES: list[tuple[list[str], bool]] = [
 ]
 
 
+class UnknownSourceError(ValueError):
+    """A source asked for that the config does not name."""
+
+
+@dataclass
+class PipelineRun:
+    seconds: float
+    launched: list[tuple[str, str | None]] = field(default_factory=list)  # (asset, partition) materialised
+    up_to_date: set[str] = field(default_factory=set)  # assets with at least one partition left as it was
+
+
 def materialize_all(
-    config_path: str, instance: dg.DagsterInstance | None = None, log: Callable[[str], None] = print
-) -> float:
-    """Run every asset for every source; raises on the first failed run. Returns wall seconds."""
+    config_path: str,
+    instance: dg.DagsterInstance | None = None,
+    log: Callable[[str], None] = print,
+    *,
+    force: bool = False,
+    sources: list[str] | None = None,
+) -> PipelineRun:
+    """Materialise what is missing or stale (everything with `force`), stage by stage; raises on the first
+    failed run. `sources` limits the per-source stages to those partitions (a backfill of one source);
+    with `force`, the per-source stages of those sources are redone and the global ones run when stale.
+
+    Staleness needs the instance's history: without `instance`, one ephemeral instance serves the call."""
     definitions = build_definitions(config_path)
     config = definitions.resources["pipeline"].config
+    unknown = sorted(set(sources or []) - set(config.source_names))
+    if unknown:
+        raise UnknownSourceError(
+            f"no source named {unknown} in {config_path}; sources: {config.source_names}"
+        )
+    instance = instance or dg.DagsterInstance.ephemeral()
     assets = list(definitions.assets) + list(definitions.asset_checks or [])  # runs include their checks
     graph = definitions.resolve_asset_graph()
+    launched_by = "moe-dag run" + (" --force" if force else "") + (" --source" if sources else "")
+    run = PipelineRun(seconds=0.0)
     started = time.perf_counter()
     for keys, per_source in STAGES:
         if keys is COMPARISONS and not config.comparisons:
             log(f"{', '.join(keys)}: skipped (comparisons: false in {config.path})")
             continue
         pools = set().union(*(graph.get(dg.AssetKey(key)).pools or set() for key in keys))
-        for partition in config.source_names if per_source else [None]:
-            if instance is not None and pools:
+        forced = force and (per_source or not sources)  # a backfill of sources redoes only theirs
+        for partition in (sources or config.source_names) if per_source else [None]:
+            where = f" [{partition}]" if partition else ""
+            todo = keys if forced else _needs_run(keys, partition, instance, definitions, log)
+            run.up_to_date |= set(keys) - set(todo)
+            if not todo:
+                continue
+            if pools:
                 _report_pool_waits(instance, pools, log)
             stage_started = time.perf_counter()
             result = dg.materialize(
                 assets,
-                selection=keys,
+                selection=todo,
                 partition_key=partition,
                 instance=instance,
                 resources=definitions.resources,
                 run_config=QUIET_CONSOLE,
+                tags=run_tags(config, launched_by, partition),
                 raise_on_error=True,
             )
+            run.launched += [(key, partition) for key in todo]
             # A failed blocking check has already failed the run; the others are worth a look.
             for check in result.get_asset_check_evaluations():
                 if not check.passed:
                     log(f"warning: check {check.check_name} on {check.asset_key.to_user_string()} failed")
-            where = f" [{partition}]" if partition else ""
-            log(f"{', '.join(keys)}{where}: {time.perf_counter() - stage_started:.1f}s")
-    return time.perf_counter() - started
+            log(f"{', '.join(todo)}{where}: {time.perf_counter() - stage_started:.1f}s")
+    run.seconds = time.perf_counter() - started
+    if run.up_to_date and not run.launched:
+        log(f"up to date: {len(run.up_to_date)} assets, nothing to materialise (--force redoes them all)")
+    return run
+
+
+def _needs_run(
+    keys: list[str],
+    partition: str | None,
+    instance: dg.DagsterInstance,
+    definitions: dg.Definitions,
+    log: Callable[[str], None],
+) -> list[str]:
+    """The first of `keys` that is missing or stale, and every key after it (they depend on it)."""
+    staleness = Staleness(instance, definitions, definitions.resources["pipeline"].config)
+    for index, key in enumerate(keys):
+        reason = staleness.reason(key, partition)
+        if reason is not None:
+            log(f"{key}{f' [{partition}]' if partition else ''}: {reason}")
+            return keys[index:]
+    return []
 
 
 def _report_pool_waits(instance: dg.DagsterInstance, pools: set[str], log: Callable[[str], None]) -> None:

@@ -92,6 +92,13 @@ def test_whole_graph_materialises_and_every_row_is_accounted_for(tmp_path, capsy
     summary = format_summary(config)
     assert "bits per byte" in summary and "duplicates removed" in summary
 
+    # On an unchanged lake a second run launches nothing: no stage, no heads training, no proxy.
+    heads = instance.get_latest_materialization_event(dg.AssetKey("quality_heads"))
+    messages = []
+    again = materialize_all(str(config_path), instance=instance, log=messages.append)
+    assert again.launched == [] and messages[-1].startswith("up to date: 18 assets")
+    assert instance.get_latest_materialization_event(dg.AssetKey("quality_heads")).run_id == heads.run_id
+
     capsys.readouterr()
     cli.main(["--config", str(config_path), "query", "SELECT count(*) AS n FROM quarantine"])
     assert str(manifest["malformed_lines"]) in capsys.readouterr().out

@@ -154,7 +154,11 @@ def test_resuming_reproduces_the_uninterrupted_losses_exactly(
         )
 
     again = train(config, repeating_data, out)  # a finished run: nothing to redo
-    assert again["steps_this_run"] == 0 and (out / "metrics.jsonl").read_text().splitlines() == resumed
+    assert (out / "metrics.jsonl").read_text().splitlines() == resumed
+    # Its summary keeps the timings of the run that trained, not those of a resume with nothing to do.
+    assert again == json.loads((out / "summary.json").read_text())
+    timings = ("steps_this_run", "wall_seconds", "steps_per_second")
+    assert [again[key] for key in timings] == [summary[key] for key in timings] and again["wall_seconds"] > 0
 
 
 def test_resuming_with_another_model_shape_is_refused(repeating_data: Path, tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 import dagster as dg
 
+from moe_dag.assets.new_shards import raw_data_version, record_ingested
 from moe_dag.assets.partitions import PER_SOURCE
 from moe_dag.assets.reporting import RECONCILES, engine_metadata, problems_result, reconcile_check_spec
 from moe_dag.data.counts import unreconciled_shards
@@ -32,6 +33,7 @@ def raw_documents(
     """Every record of every shard of the source: a document row, or a quarantine row with its error."""
     source = pipeline.config.source(context.partition_key)
     run = ingest_source(pipeline.lake, source.name, source.shards, workers=ray.workers, log=context.log.info)
+    ledger = record_ingested(context, pipeline.config, source.name, run.records)
     counts = run.counts
     documents, quarantined = counts.get("kept", 0), counts.get("quarantined", 0)
     errors = [] if not quarantined else pipeline.lake.read_table("quarantine", source.name, ["error"])
@@ -43,8 +45,10 @@ def raw_documents(
             "duplicate_ids": counts.get("duplicate_ids", 0),
             "first_quarantine_errors": dg.MetadataValue.json(errors and errors["error"].to_pylist()[:20]),
             "dagster/row_count": documents,
+            "ledger": ledger.describe(),
             **engine_metadata(run),
         },
+        data_version=raw_data_version(run.records),
         check_results=[
             dg.AssetCheckResult(
                 check_name=RECONCILES,

@@ -52,6 +52,11 @@ def oracle_sample(pipeline: PipelineResource) -> dg.MaterializeResult:
     kinds={"parquet"},
     deps=["oracle_sample"],
     pool="gpu",
+    # A server that is down or overloaded: try the whole stage again after 10, 20, 40 s (the label cache
+    # keeps what earlier tries paid for). Single requests are retried inside `label_documents`.
+    retry_policy=dg.RetryPolicy(
+        max_retries=3, delay=10, backoff=dg.Backoff.EXPONENTIAL, jitter=dg.Jitter.PLUS_MINUS
+    ),
     check_specs=[
         dg.AssetCheckSpec(
             FAILURE_RATE,

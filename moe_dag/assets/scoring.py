@@ -1,9 +1,10 @@
 """scored_documents: the probe then (for documents that stay) the judge, with early exit.
 
 Rescoring: `quality_heads` records the heads' version as its data version, and this asset's automation
-condition requests every source partition when that version changes (once the daemon's default
-automation sensor is on). Shards the current heads already scored (their completion record names
-the heads version and thresholds) are not scored again: a rerun with unchanged heads costs nothing.
+condition (`RESCORE_ON_NEW_HEADS`, applied with the others in `moe_dag/automation.py`) requests every
+source partition when that version changes (once the `moe_dag_automation` sensor is on). Shards the
+current heads already scored (their completion record names the heads version and thresholds) are not
+scored again: a rerun with unchanged heads costs nothing.
 The weekly schedule in `definitions.py` stays.
 """
 
@@ -35,7 +36,6 @@ RESCORE_ON_NEW_HEADS = (
     kinds={"pytorch", "parquet", "ray"},
     deps=["toxicity_filtered", "quality_heads"],
     pool="gpu",
-    automation_condition=RESCORE_ON_NEW_HEADS,
     check_specs=[
         *decision_check_specs("scored_documents"),
         dg.AssetCheckSpec(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import time
@@ -273,6 +274,9 @@ def _train(config: Config, data_dir: Path, out_dir: Path, info: distributed.Dist
     tracker.finish()
     if not info.is_main:
         return {}
+    finished_before = _finished_summary(out_dir, state.step) if state.step == first_step else None
+    if finished_before is not None:  # resumed at its last step: the timings are those of the training
+        return finished_before
     run = {
         "steps": state.step,
         "steps_this_run": state.step - first_step,
@@ -283,6 +287,15 @@ def _train(config: Config, data_dir: Path, out_dir: Path, info: distributed.Dist
         "device": str(info.device),
     }
     return _write_outputs(out_dir, metrics, run, parts.params, config, data_dir)
+
+
+def _finished_summary(out_dir: Path, step: int) -> dict[str, Any] | None:
+    """The summary of a run that already finished at `step`, if it was written."""
+    path = out_dir / "summary.json"
+    if not path.exists():
+        return None
+    summary = json.loads(path.read_text())
+    return summary if summary.get("steps") == step else None
 
 
 def _replay_health(parts: _Parts, metrics: MetricsLog, step: int) -> None:

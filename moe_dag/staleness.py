@@ -1,0 +1,86 @@
+"""Which assets need materialising: missing or stale ones, by Dagster's data-version rules, plus new shards.
+
+Dagster calls an asset (partition) stale when its code version changed since it was built, or an
+upstream's data version did (see `moe_dag/automation.py` for what the versions are made of). A root
+asset has no upstream: `raw_documents` of a source also needs a run when the shard ledger finds new,
+changed or removed shards under the source's location.
+
+Dagster exposes stale status publicly only in the UI and GraphQL ("Materialize stale and missing"); this
+module uses the resolver behind them, `CachingStaleStatusResolver`, in this one place.
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+from dagster._core.asset_graph_view.asset_graph_view import AssetGraphView, TemporalContext
+from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
+from dagster._time import get_current_datetime
+
+from moe_dag.assets.dedup import VERSIONS
+from moe_dag.config import PipelineConfig
+from moe_dag.data.dedup import CLUSTER_VERSION
+from moe_dag.data.shard_ledger import LedgerChanges, ShardLedger, ledger_path, scan_shards
+
+
+class Staleness:
+    """Answers for the instance's state at the time of asking: build one after each run."""
+
+    def __init__(self, instance: dg.DagsterInstance, definitions: dg.Definitions, config: PipelineConfig):
+        graph = definitions.resolve_asset_graph()
+        view = AssetGraphView(
+            temporal_context=TemporalContext(effective_dt=get_current_datetime(), last_event_id=None),
+            instance=instance,
+            asset_graph=graph,
+        )
+        self.resolver = CachingStaleStatusResolver(instance, graph, view)
+        self.instance, self.config = instance, config
+
+    def reason(self, asset: str, partition: str | None) -> str | None:
+        """Why `asset` (partition) needs a run ("missing", "stale: ...", "new shards: ..."), or None."""
+        key = dg.AssetKey(asset)
+        status = self.resolver.get_status(key, partition)
+        if status == StaleStatus.MISSING:
+            return "missing"
+        if status == StaleStatus.STALE and not self._same_clusters_for_source(asset, partition):
+            causes = self.resolver.get_stale_root_causes(key, partition)
+            return "stale: " + "; ".join(sorted({_describe(cause) for cause in causes}))
+        if asset == "raw_documents" and partition is not None:
+            changes = shard_changes(self.config, partition)
+            return f"shards: {changes.describe()}" if changes else None
+        return None
+
+    def _same_clusters_for_source(self, asset: str, partition: str | None) -> bool:
+        """A `deduplicated` partition stale only because `dedup_clusters` was rebuilt, while the source's
+        own cluster version is the one it was built from: its rows would not change (the rule of the
+        `dedup_consistency` sensor, finer than Dagster's, which sees one unpartitioned upstream)."""
+        if asset != "deduplicated" or partition is None:
+            return False
+        causes = self.resolver.get_stale_causes(dg.AssetKey(asset), partition)
+        if any(cause.dependency_asset_key != dg.AssetKey("dedup_clusters") for cause in causes):
+            return False
+        clusters = _latest_metadata(self.instance, "dedup_clusters", None).get(VERSIONS)
+        built = _latest_metadata(self.instance, "deduplicated", partition).get(CLUSTER_VERSION)
+        return clusters is not None and built is not None and clusters.value.get(partition) == built.value
+
+
+def _latest_metadata(instance: dg.DagsterInstance, asset: str, partition: str | None) -> dict:
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(
+            asset_key=dg.AssetKey(asset), asset_partitions=[partition] if partition else None
+        ),
+        limit=1,
+    ).records
+    return dict(records[0].asset_materialization.metadata) if records else {}
+
+
+def shard_changes(config: PipelineConfig, source: str) -> LedgerChanges:
+    """How the source's shard location differs from the ledger."""
+    ledger = ShardLedger(ledger_path(config.catalog_path))
+    return ledger.changes(source, scan_shards(config.source(source).shards))
+
+
+def _describe(cause) -> str:
+    where = cause.asset_key.to_user_string()
+    if cause.partition_key is not None:
+        where += f"[{cause.partition_key}]"
+    return f"{where} {cause.reason}"
