@@ -25,6 +25,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="NAME",
         help="backfill this source (repeatable): its per-source stages, then the global ones that are stale",
     )
+    run.add_argument(
+        "--comparisons",
+        action="store_true",
+        default=None,
+        help="also train the baselines of curation_gain and moe_gain, whatever the config's `comparisons`",
+    )
     commands.add_parser("summary", help="print documents kept per stage, dedup, heads, mixture and loss")
     commands.add_parser("demo", help="demo-corpus, then run, then summary")
     query = commands.add_parser("query", help="run one SQL query on the DuckDB catalog, read-only")
@@ -44,7 +50,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("demo-corpus", "demo"):
         write_demo_corpus(args.config)
     if args.command in ("run", "demo"):
-        run_all(args.config, force=getattr(args, "force", False), sources=getattr(args, "source", None))
+        run_all(
+            args.config,
+            force=getattr(args, "force", False),
+            sources=getattr(args, "source", None),
+            comparisons=getattr(args, "comparisons", None),
+        )
     if args.command == "free-stuck-runs":
         return free_stuck_runs()
     if args.command == "query":
@@ -105,7 +116,12 @@ def free_stuck_runs() -> int:
     return 0
 
 
-def run_all(config_path: str, force: bool = False, sources: list[str] | None = None) -> None:
+def run_all(
+    config_path: str,
+    force: bool = False,
+    sources: list[str] | None = None,
+    comparisons: bool | None = None,
+) -> None:
     """Materialise what is missing or stale. Runs are recorded in the instance at $DAGSTER_HOME, or
     else in `dagster/` beside the catalog, so that the next run knows what is up to date."""
     import dagster as dg
@@ -121,7 +137,9 @@ def run_all(config_path: str, force: bool = False, sources: list[str] | None = N
         instance = dg.DagsterInstance.local_temp(str(home))
     with instance:
         try:
-            run = materialize_all(config_path, instance=instance, force=force, sources=sources)
+            run = materialize_all(
+                config_path, instance=instance, force=force, sources=sources, comparisons=comparisons
+            )
         except UnknownSourceError as error:
             raise SystemExit(f"moe-dag run: {error}") from error
     if run.launched:

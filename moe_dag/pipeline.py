@@ -55,10 +55,12 @@ def materialize_all(
     *,
     force: bool = False,
     sources: list[str] | None = None,
+    comparisons: bool | None = None,
 ) -> PipelineRun:
     """Materialise what is missing or stale (everything with `force`), stage by stage; raises on the first
     failed run. `sources` limits the per-source stages to those partitions (a backfill of one source);
     with `force`, the per-source stages of those sources are redone and the global ones run when stale.
+    `comparisons` overrides the config's `comparisons` (whether the baselines train).
 
     Staleness needs the instance's history: without `instance`, one ephemeral instance serves the call."""
     definitions = build_definitions(config_path)
@@ -75,8 +77,8 @@ def materialize_all(
     run = PipelineRun(seconds=0.0)
     started = time.perf_counter()
     for keys, per_source in STAGES:
-        if keys is COMPARISONS and not config.comparisons:
-            log(f"{', '.join(keys)}: skipped (comparisons: false in {config.path})")
+        if keys is COMPARISONS and not (config.comparisons if comparisons is None else comparisons):
+            log(f"{', '.join(keys)}: skipped (comparisons: false in {config.path}; --comparisons runs them)")
             continue
         pools = set().union(*(graph.get(dg.AssetKey(key)).pools or set() for key in keys))
         forced = force and (per_source or not sources)  # a backfill of sources redoes only theirs
