@@ -141,6 +141,27 @@ def test_permute_groups_rows_by_expert_in_token_order():
     assert row.tolist() == [[4, 0], [1, 2], [5, 3]]
 
 
+def test_unpermute_reference_matches_autograd_of_the_plain_expression():
+    x, expert = torch.randn(9, 12, dtype=torch.float64), routing(9, 5, 3, 5)
+    _, _, row = permute_reference(x, expert, 5)
+    y_MD = torch.randn(27, 12, dtype=torch.float64, requires_grad=True)
+    gate = torch.rand(9, 3, dtype=torch.float64, requires_grad=True)
+    dy = torch.randn(9, 12, dtype=torch.float64)
+    expected = (y_MD[row.long()] * gate[..., None]).sum(1)
+    expected_grads = torch.autograd.grad(expected, (y_MD, gate), dy)
+
+    got = unpermute_reference(y_MD, row, gate)
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    for grad, expected_grad in zip(torch.autograd.grad(got, (y_MD, gate), dy), expected_grads, strict=True):
+        torch.testing.assert_close(grad, expected_grad, rtol=1e-12, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda y, g: unpermute_reference(y, row, g), (y_MD, gate))
+
+
+def test_unpermute_rejects_rows_that_are_not_one_per_pair():
+    with pytest.raises(ValueError, match="one sorted row per"):
+        unpermute_reference(torch.randn(5, 4), torch.zeros(2, 2, dtype=torch.int32), torch.ones(2, 2))
+
+
 def test_unpermute_with_gates_summing_to_one_restores_the_tokens():
     x, expert = torch.randn(7, 12), routing(7, 5, 3, 5)
     gate = torch.softmax(torch.randn(7, 3), dim=-1)

@@ -75,10 +75,29 @@ def test_triton_forward_and_gradients_match_float64(interpreted, name):
     torch.testing.assert_close(case["dweight"].double(), weight.grad, **weight_tol)
 
 
-def test_reference_matches_torch_rms_norm():
-    x, weight = torch.randn(4, 6, 40, dtype=torch.float64), torch.randn(40, dtype=torch.float64)
+def test_reference_matches_torch_rms_norm_forward_and_gradients():
+    x = torch.randn(4, 6, 40, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(40, dtype=torch.float64, requires_grad=True)
+    dy = torch.randn(4, 6, 40, dtype=torch.float64)
     expected = nn.functional.rms_norm(x, (40,), weight, EPS)
-    torch.testing.assert_close(rms_norm_reference(x, weight, EPS), expected, rtol=1e-12, atol=1e-12)
+    expected_dx, expected_dweight = torch.autograd.grad(expected, (x, weight), dy)
+
+    got = rms_norm_reference(x, weight, EPS)
+    dx, dweight = torch.autograd.grad(got, (x, weight), dy)
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(dx, expected_dx, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(dweight, expected_dweight, rtol=1e-12, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda x, w: rms_norm_reference(x, w, EPS), (x[:1, :2], weight))
+
+
+def test_reference_keeps_low_precision_inputs_dtype_and_computes_in_float32():
+    x = torch.randn(8, 40, dtype=torch.bfloat16, requires_grad=True)
+    weight = torch.randn(40, requires_grad=True)
+    y = rms_norm_reference(x, weight, EPS)
+    y.float().sum().backward()
+    assert y.dtype == x.grad.dtype == torch.bfloat16 and weight.grad.dtype == torch.float32
+    expected = nn.functional.rms_norm(x.detach().float(), (40,), weight.detach(), EPS)
+    torch.testing.assert_close(y.float(), expected, rtol=1e-2, atol=1e-2)
 
 
 @pytest.mark.skipif(backend.INTERPRETED, reason="TRITON_INTERPRET=1 routes CPU tensors to Triton")

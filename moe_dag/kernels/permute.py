@@ -56,6 +56,11 @@ def _check_unpermute(y_MD: torch.Tensor, row_NK: torch.Tensor, gate_NK: torch.Te
         raise ValueError(
             f"unpermute needs gates shaped like row_NK {tuple(row_NK.shape)}, got {tuple(gate_NK.shape)}"
         )
+    if y_MD.shape[0] != row_NK.numel():
+        raise ValueError(
+            f"unpermute needs one sorted row per (token, choice) pair: {row_NK.numel()} pairs, "
+            f"got {y_MD.shape[0]} rows"
+        )
 
 
 def permute_reference(
@@ -71,12 +76,46 @@ def permute_reference(
     return x_ND.index_select(0, order_M // K), counts_E, row_NK
 
 
+class _UnpermuteReference(torch.autograd.Function):
+    """The unpermute formulas above in eager PyTorch, one choice k at a time so that every operation
+    runs over contiguous [N, D] rows: autograd of the plain expression broadcasts the gates over a
+    [N, K, D] gather and scatters its gradient into a zeroed [M, D], about twice the passes over memory.
+    Because row_NK is a permutation of the M rows, the backward scatter is a copy, not a sum."""
+
+    @staticmethod
+    def forward(ctx, y_MD: torch.Tensor, row_NK: torch.Tensor, gate_NK: torch.Tensor) -> torch.Tensor:
+        compute_dtype = torch.promote_types(y_MD.dtype, torch.float32)
+        row_KN = row_NK.t().long().contiguous()
+        y_KND = y_MD.index_select(0, row_KN.view(-1)).view(*row_KN.shape, y_MD.shape[1]).to(compute_dtype)
+        gate_KN1 = gate_NK.t().to(compute_dtype).unsqueeze(-1).contiguous()
+        y_ND = y_KND[0] * gate_KN1[0]
+        for k in range(1, row_KN.shape[0]):
+            y_ND.addcmul_(y_KND[k], gate_KN1[k])
+        ctx.save_for_backward(y_KND, row_KN, gate_KN1)
+        ctx.y_dtype, ctx.gate_dtype, ctx.rows = y_MD.dtype, gate_NK.dtype, y_MD.shape[0]
+        return y_ND.to(y_MD.dtype)
+
+    @staticmethod
+    def backward(ctx, dy_ND: torch.Tensor) -> tuple[torch.Tensor, None, torch.Tensor | None]:
+        y_KND, row_KN, gate_KN1 = ctx.saved_tensors
+        K, N, D = y_KND.shape
+        dy_ND = dy_ND.to(y_KND.dtype)
+        dy_MD = dy_ND.new_empty(ctx.rows, D, dtype=ctx.y_dtype)
+        dgate_KN = torch.empty(K, N, dtype=y_KND.dtype, device=y_KND.device) if ctx.needs_input_grad[2] else None
+        for k in range(K):
+            dy_MD[row_KN[k]] = (dy_ND * gate_KN1[k]).to(ctx.y_dtype)
+            if dgate_KN is not None:
+                dgate_KN[k] = torch.linalg.vecdot(y_KND[k], dy_ND)
+        dgate_NK = dgate_KN.t().to(ctx.gate_dtype) if dgate_KN is not None else None
+        return dy_MD, None, dgate_NK
+
+
 def unpermute_reference(y_MD: torch.Tensor, row_NK: torch.Tensor, gate_NK: torch.Tensor) -> torch.Tensor:
-    """Plain PyTorch: y_ND = sum over k of gate_NK * y_MD[row_NK], summed in float32 (or float64)."""
+    """Plain PyTorch: y_ND = sum over k of gate_NK * y_MD[row_NK], summed in float32 (or float64), with
+    the backward written out (tested against autograd of that expression). row_NK must be a permutation
+    of y_MD's rows, as `permute` returns it."""
     _check_unpermute(y_MD, row_NK, gate_NK)
-    compute_dtype = torch.promote_types(y_MD.dtype, torch.float32)
-    y_NKD = y_MD.to(compute_dtype)[row_NK.long()]
-    return (y_NKD * gate_NK.to(compute_dtype)[..., None]).sum(1).to(y_MD.dtype)
+    return _UnpermuteReference.apply(y_MD, row_NK, gate_NK)
 
 
 @triton.jit
