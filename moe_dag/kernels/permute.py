@@ -101,7 +101,7 @@ class _UnpermuteReference(torch.autograd.Function):
         K, N, D = y_KND.shape
         dy_ND = dy_ND.to(y_KND.dtype)
         dy_MD = dy_ND.new_empty(ctx.rows, D, dtype=ctx.y_dtype)
-        dgate_KN = torch.empty(K, N, dtype=y_KND.dtype, device=y_KND.device) if ctx.needs_input_grad[2] else None
+        dgate_KN = y_KND.new_empty(K, N) if ctx.needs_input_grad[2] else None
         for k in range(K):
             dy_MD[row_KN[k]] = (dy_ND * gate_KN1[k]).to(ctx.y_dtype)
             if dgate_KN is not None:
