@@ -23,7 +23,8 @@ rules oracle (free on CPU; about 1,300 documents). `judge_f1` and `probe_f1` are
 
 Early exit can only skip documents the judge drops, so at a keep rate r at most 1 - r of documents can
 leave, and each saves (judge_layer - probe_layer) / judge_layer of the layers: at the demo's 0.7 and
-MiniLM's layers 3 of 6 the ceiling is 15% with a perfect probe. The sweep recalibrates tau_drop on the
+MiniLM's default layers (probe 1, judge 3: 2 of 3 layers skipped) the ceiling is 20% with a perfect
+probe. The sweep recalibrates tau_drop on the
 unseen documents' scores at lower keep rates (the same heads, the same 1% bound) to show where the
 design's figure becomes reachable; `early_exit_by_keep_rate` in the JSON.
 
