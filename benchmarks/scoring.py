@@ -29,9 +29,10 @@ unseen documents' scores at lower keep rates (the same heads, the same 1% bound)
 design's figure becomes reachable; `early_exit_by_keep_rate` in the JSON.
 
     .venv/bin/python benchmarks/scoring.py [--documents 600] [--repeats 2] [--labels N] [--epochs N]
+        [--probe-layer N] [--judge-layer N]
 
 `--labels` and `--epochs` override the config's `oracle.per_source` and `heads.epochs`, to see what
-more labels buy the judge.
+more labels buy the judge; `--probe-layer` and `--judge-layer` the backbone's layers.
 
 Prints human-readable lines, then as the last line one JSON object with the figures.
 """
@@ -130,9 +131,25 @@ def timed(fn: Callable[[], pa.Table], wall: list[float], cpu: list[float]) -> pa
 
 
 def main(
-    config_path: str, per_source: int, repeats: int, labels: int | None, epochs: int | None
+    config_path: str,
+    per_source: int,
+    repeats: int,
+    labels: int | None,
+    epochs: int | None,
+    layers: tuple[int | None, int | None],
 ) -> dict[str, object]:
     config = load_config(config_path)
+    probe_layer, judge_layer = layers
+    if probe_layer is not None or judge_layer is not None:
+        backbone_config = config.backbone
+        config = replace(
+            config,
+            backbone=replace(
+                backbone_config,
+                probe_layer=probe_layer or backbone_config.probe_layer,
+                judge_layer=judge_layer or backbone_config.judge_layer,
+            ),
+        )
     if labels is not None:
         config = replace(config, oracle=replace(config.oracle, per_source=labels))
     if epochs is not None:
@@ -270,5 +287,8 @@ if __name__ == "__main__":
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--labels", type=int, help="oracle labels per source (default: the config's)")
     parser.add_argument("--epochs", type=int, help="head training epochs (default: the config's)")
+    parser.add_argument("--probe-layer", type=int, help="backbone layer of the probe (default: the config's)")
+    parser.add_argument("--judge-layer", type=int, help="backbone layer of the judge (default: the config's)")
     args = parser.parse_args()
-    print(json.dumps(main(args.config, args.documents, args.repeats, args.labels, args.epochs)))
+    layers = (args.probe_layer, args.judge_layer)
+    print(json.dumps(main(args.config, args.documents, args.repeats, args.labels, args.epochs, layers)))
