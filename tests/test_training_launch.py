@@ -1,13 +1,17 @@
+import ast
+import os
 import sys
+from pathlib import Path
 
+import moe_dag
 from moe_dag.assets.training_runs import run_dir_for, training_command
 from moe_dag.config import TrainingLaunchConfig
-from moe_dag.training.__main__ import _without_option
+from moe_dag.training.__main__ import _launch_workers, _without_option
 
 
 def test_the_command_runs_the_module_which_starts_torchrun_workers_itself(tmp_path):
     single = training_command(TrainingLaunchConfig(steps=5), tmp_path / "data", tmp_path / "out")
-    assert single[:3] == [sys.executable, "-m", "moe_dag.training"]
+    assert single[:3] == [sys.executable, "-m", "moe_dag.pipes_training"]
     assert single[single.index("--steps") + 1] == "5"
     assert single[single.index("--nproc-per-node") + 1] == "1" and "--eval-on" not in single
 
@@ -33,3 +37,25 @@ def test_the_run_folder_follows_the_mixture_and_the_launch_config(tmp_path):
     assert run_dir_for(tmp_path, TrainingLaunchConfig(steps=301), tmp_path / "runs") != first
     (tmp_path / "mixture.json").write_text('{"num_sequences": 11}')
     assert run_dir_for(tmp_path, launch, tmp_path / "runs") != first
+
+
+def test_torchruns_workers_run_the_module_that_launched_them(monkeypatch):
+    from torch.distributed import run as torchrun
+
+    started = []
+    monkeypatch.setattr(torchrun, "main", started.append)
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # the lifeline variables stay in this test
+    _launch_workers(2, ["--nproc-per-node", "2", "--out", "x"], "moe_dag.pipes_training")
+    assert started == [["--standalone", "--nproc-per-node=2", "-m", "moe_dag.pipes_training", "--out", "x"]]
+
+
+def test_the_library_rooms_never_import_dagster():
+    rooms = [Path(moe_dag.__file__).parent / room for room in ("kernels", "training", "data")]
+    offenders = []
+    for path in sorted(p for room in rooms for p in room.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            offenders += [f"{path}: {name}" for name in names if name.split(".")[0].startswith("dagster")]
+    assert offenders == []

@@ -50,7 +50,7 @@ def training_command(
         arguments += ["--eval-on", str(eval_on)]
     for key, value in sorted(launch.overrides.items()):
         arguments += ["--set", f"{key}={value}"]
-    return [sys.executable, "-m", "moe_dag.training", *arguments]
+    return [sys.executable, "-m", "moe_dag.pipes_training", *arguments]
 
 
 def run_dir_for(data_dir: Path, launch: TrainingLaunchConfig, root: Path) -> Path:

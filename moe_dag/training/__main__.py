@@ -8,8 +8,9 @@ process; `torchrun --nproc-per-node N -m moe_dag.training ...` does the same by 
 scores the final checkpoint on DIR's held-out documents right after training, on the device the run
 trained on, and writes `eval.json` and `eval_documents.parquet` into the run folder.
 
-Launched by Dagster Pipes (the `moe_proxy` asset), rank 0 streams its log to Dagster and reports the
-final figures as the asset's materialization; a launcher that sets $MOE_DAG_LAUNCHER_PID takes the
+`python -m moe_dag.pipes_training` is the same command reporting to Dagster (what the `moe_proxy` asset
+launches): rank 0 streams its log to Dagster and reports the final figures as the asset's
+materialization. A launcher that sets $MOE_DAG_LAUNCHER_PID takes the
 trainer down with it (see lifeline.py). Exit status 2: the run folder is in use by another trainer.
 """
 
@@ -26,7 +27,7 @@ from typing import Any
 
 from moe_dag.training.config import apply_overrides, preset, preset_names
 from moe_dag.training.lifeline import die_with_launcher, launcher_env
-from moe_dag.training.pipes_report import Reporter, pipes_reporter
+from moe_dag.training.reporting import OpenReporter, Reporter, no_reporter
 from moe_dag.training.run_lock import RunFolderInUse
 
 log = logging.getLogger("moe_dag.training")
@@ -63,7 +64,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(
+    argv: list[str] | None = None,
+    open_reporter: OpenReporter = no_reporter,
+    module: str = "moe_dag.training",
+) -> int:
+    """Train (and evaluate) as the command line says. `open_reporter` gives rank 0 somewhere to send
+    the final figures; `module` is what torchrun's workers run, so they report the same way."""
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     # Idle OpenMP threads sleep instead of spinning. On a CPU shared with other processes, spinning
@@ -72,9 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     die_with_launcher()
     if args.nproc_per_node > 1 and "LOCAL_RANK" not in os.environ:
-        return _launch_workers(args.nproc_per_node, argv)
+        return _launch_workers(args.nproc_per_node, argv, module)
     rank = int(os.environ.get("RANK", "0"))
-    with pipes_reporter(enabled=rank == 0) as reporter:
+    with open_reporter(rank == 0) as reporter:
         _configure_logging(rank, reporter)
         try:
             return _train_and_evaluate(args, reporter, is_main=rank == 0)
@@ -83,16 +90,14 @@ def main(argv: list[str] | None = None) -> int:
             return 2
 
 
-def _launch_workers(nproc_per_node: int, argv: list[str]) -> int:
+def _launch_workers(nproc_per_node: int, argv: list[str], module: str) -> int:
     """torchrun's launcher, in this process: it inherits the lifeline and passes it on to the workers."""
     from torch.distributed import run as torchrun
 
     os.environ.update(launcher_env())  # every worker dies with this process, however it ends
     worker_argv = _without_option(argv, NPROC_OPTION)
     # A standalone rendezvous picks a free port, so several single-node runs can share a machine.
-    torchrun.main(
-        ["--standalone", f"--nproc-per-node={nproc_per_node}", "-m", "moe_dag.training", *worker_argv]
-    )
+    torchrun.main(["--standalone", f"--nproc-per-node={nproc_per_node}", "-m", module, *worker_argv])
     return 0
 
 
