@@ -15,13 +15,15 @@ from moe_dag.kernels import backend, rmsnorm
 from moe_dag.kernels.rmsnorm import TritonRMSNorm, rms_norm, rms_norm_reference, use_triton_rms_norm
 
 EPS = 1e-6
-# shape, x dtype, weight dtype: leading dimensions of any rank, hidden sizes that are not powers of two,
-# and bf16 activations with float32 weights as under mixed precision.
+# shape, x dtype, weight dtype, gains: leading dimensions of any rank, hidden sizes that are not powers of
+# two, bf16 activations with float32 weights as under mixed precision, and one gain for every feature (the
+# MoE's output norm), which `rms_norm` expands for the kernels.
 CASES = {
-    "fp32_3d_d96": ((3, 5, 96), torch.float32, torch.float32),
-    "fp32_2d_d64": ((7, 64), torch.float32, torch.float32),
-    "bf16_2d_d80": ((9, 80), torch.bfloat16, torch.bfloat16),
-    "bf16_x_fp32_weight_d48": ((2, 3, 48), torch.bfloat16, torch.float32),
+    "fp32_3d_d96": ((3, 5, 96), torch.float32, torch.float32, 96),
+    "fp32_2d_d64": ((7, 64), torch.float32, torch.float32, 64),
+    "bf16_2d_d80": ((9, 80), torch.bfloat16, torch.bfloat16, 80),
+    "bf16_x_fp32_weight_d48": ((2, 3, 48), torch.bfloat16, torch.float32, 48),
+    "fp32_single_gain_d40": ((6, 40), torch.float32, torch.float32, 1),
 }
 # bf16 results are float32 maths cast once to bf16. Compiled Triton rounds that cast to nearest (half an
 # ulp, 2^-8 relative), but the interpreter truncates (triton/runtime/interpreter.py, _convert_float), so
@@ -37,9 +39,9 @@ def run_kernels() -> dict[str, dict[str, torch.Tensor]]:
     assert backend.INTERPRETED, "the child must start with TRITON_INTERPRET=1"
     torch.manual_seed(0)
     cases = {}
-    for name, (shape, x_dtype, weight_dtype) in CASES.items():
+    for name, (shape, x_dtype, weight_dtype, gains) in CASES.items():
         x = torch.randn(shape).to(x_dtype).requires_grad_()
-        weight = (1 + 0.1 * torch.randn(shape[-1])).to(weight_dtype).requires_grad_()
+        weight = (1 + 0.1 * torch.randn(gains)).to(weight_dtype).requires_grad_()
         dy = torch.randn(shape).to(x_dtype)
         y = rms_norm(x, weight, EPS)
         y.backward(dy)
@@ -90,6 +92,21 @@ def test_reference_matches_torch_rms_norm_forward_and_gradients():
     assert torch.autograd.gradcheck(lambda x, w: rms_norm_reference(x, w, EPS), (x[:1, :2], weight))
 
 
+def test_reference_with_a_single_gain_matches_autograd_of_the_plain_expression():
+    x = torch.randn(4, 6, 40, dtype=torch.float64, requires_grad=True)
+    weight = torch.tensor([2.0], dtype=torch.float64, requires_grad=True)
+    dy = torch.randn(4, 6, 40, dtype=torch.float64)
+    expected = x * torch.rsqrt(x.square().mean(-1, keepdim=True) + EPS) * weight
+    expected_dx, expected_dweight = torch.autograd.grad(expected, (x, weight), dy)
+
+    got = rms_norm_reference(x, weight, EPS)
+    dx, dweight = torch.autograd.grad(got, (x, weight), dy)
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(dx, expected_dx, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(dweight, expected_dweight, rtol=1e-12, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda x, w: rms_norm_reference(x, w, EPS), (x[:1, :2], weight))
+
+
 def test_reference_keeps_low_precision_inputs_dtype_and_computes_in_float32():
     x = torch.randn(8, 40, dtype=torch.bfloat16, requires_grad=True)
     weight = torch.randn(40, requires_grad=True)
@@ -127,8 +144,10 @@ def test_rows_wider_than_the_kernels_take_are_a_value_error_in_the_op_and_the_re
 
 
 def test_weight_of_the_wrong_shape_is_a_value_error():
-    with pytest.raises(ValueError, match=r"weight of shape \(D,\).*\(3, 40\).*\(41,\)"):
+    with pytest.raises(ValueError, match=r"weight of shape \(D,\) or \(1,\).*\(3, 40\).*\(41,\)"):
         rms_norm(torch.randn(3, 40), torch.randn(41), EPS)
+    with pytest.raises(ValueError, match=r"weight of shape \(D,\) with.*\(3, 40\).*\(1,\)"):
+        rmsnorm.rms_norm_forward(torch.randn(3, 40), torch.randn(1), EPS)
 
 
 if __name__ == "__main__":

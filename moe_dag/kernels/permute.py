@@ -80,7 +80,8 @@ class _UnpermuteReference(torch.autograd.Function):
     """The unpermute formulas above in eager PyTorch, one choice k at a time so that every operation
     runs over contiguous [N, D] rows: autograd of the plain expression broadcasts the gates over a
     [N, K, D] gather and scatters its gradient into a zeroed [M, D], about twice the passes over memory.
-    Because row_NK is a permutation of the M rows, the backward scatter is a copy, not a sum."""
+    Because row_NK is a permutation of the M rows, the backward scatter is a gather through the
+    inverse permutation (index_select runs about twice as fast as an index_put of the same rows)."""
 
     @staticmethod
     def forward(ctx, y_MD: torch.Tensor, row_NK: torch.Tensor, gate_NK: torch.Tensor) -> torch.Tensor:
@@ -92,7 +93,7 @@ class _UnpermuteReference(torch.autograd.Function):
         for k in range(1, row_KN.shape[0]):
             y_ND.addcmul_(y_KND[k], gate_KN1[k])
         ctx.save_for_backward(y_KND, row_KN, gate_KN1)
-        ctx.y_dtype, ctx.gate_dtype, ctx.rows = y_MD.dtype, gate_NK.dtype, y_MD.shape[0]
+        ctx.y_dtype, ctx.gate_dtype = y_MD.dtype, gate_NK.dtype
         return y_ND.to(y_MD.dtype)
 
     @staticmethod
@@ -100,13 +101,13 @@ class _UnpermuteReference(torch.autograd.Function):
         y_KND, row_KN, gate_KN1 = ctx.saved_tensors
         K, N, D = y_KND.shape
         dy_ND = dy_ND.to(y_KND.dtype)
-        dy_MD = dy_ND.new_empty(ctx.rows, D, dtype=ctx.y_dtype)
-        dgate_KN = y_KND.new_empty(K, N) if ctx.needs_input_grad[2] else None
-        for k in range(K):
-            dy_MD[row_KN[k]] = (dy_ND * gate_KN1[k]).to(ctx.y_dtype)
-            if dgate_KN is not None:
-                dgate_KN[k] = torch.linalg.vecdot(y_KND[k], dy_ND)
-        dgate_NK = dgate_KN.t().to(ctx.gate_dtype) if dgate_KN is not None else None
+        # pair_M[row] = k * N + n for the pair (n, k) held in sorted row `row`
+        pair_M = torch.empty_like(row_KN.view(-1))
+        pair_M.scatter_(0, row_KN.view(-1), torch.arange(K * N, device=pair_M.device))
+        dy_MD = (dy_ND * gate_KN1).view(K * N, D).index_select(0, pair_M).to(ctx.y_dtype)
+        dgate_NK = None
+        if ctx.needs_input_grad[2]:
+            dgate_NK = torch.linalg.vecdot(y_KND, dy_ND).t().to(ctx.gate_dtype)
         return dy_MD, None, dgate_NK
 
 

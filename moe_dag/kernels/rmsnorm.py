@@ -2,12 +2,13 @@
 
     y = x / sqrt(mean(x^2) + eps) * weight
 
+weight is one gain per feature (D,) or one gain for all of them (1,), as the MoE's output norm has.
 Both kernels read a row at a time (one block covers the whole hidden size, so D is capped at
 MAX_HIDDEN_SIZE) and accumulate in float32 whatever the input dtype. With r = 1 / sqrt(mean(x^2) + eps),
 x_hat = x * r and g = dy * weight, the gradients are
 
     dx = r * (g - x_hat * sum(g * x_hat) / D)        (r depends on every x_j: d r / d x_j = -r^3 x_j / D)
-    dweight = sum over rows of dy * x_hat
+    dweight = sum over rows of dy * x_hat            (and over features too for a single gain)
 
 Forward saves r per row (float32) so backward does not recompute the reduction. The backward kernel runs
 a fixed number of programs that each walk a slice of rows and keep their dweight partial sum in
@@ -41,7 +42,10 @@ KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 class _RMSNormReference(torch.autograd.Function):
     """The reference's forward and the backward formulas above, in as few passes over x as eager
     PyTorch allows: autograd of the plain expression walks the [N, D] rows about twice as often, which
-    on CPU, where the reference is what trains, cost more than the matrix products beside it."""
+    on CPU, where the reference is what trains, cost more than the matrix products beside it.
+
+    Written with x rather than x_hat (sum(g * x_hat) = r * sum(g * x)), so x_hat is never materialised;
+    a single gain folds into the per-row factors, which leaves three passes in backward instead of six."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -49,19 +53,27 @@ class _RMSNormReference(torch.autograd.Function):
         x_c, weight_c = x.to(compute_dtype), weight.to(compute_dtype)
         rstd = torch.rsqrt(torch.linalg.vecdot(x_c, x_c).div_(x.shape[-1]).add_(eps)).unsqueeze(-1)
         ctx.save_for_backward(x, weight, rstd)
+        if weight.numel() == 1:
+            return (x_c * (rstd * weight_c)).to(x.dtype)
         return (x_c * rstd).mul_(weight_c).to(x.dtype)
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:
         x, weight, rstd = ctx.saved_tensors
-        compute_dtype = rstd.dtype
-        dy_c, x_hat = dy.to(compute_dtype), x.to(compute_dtype) * rstd
-        g = dy_c * weight.to(compute_dtype)
-        mean_g_x_hat = torch.linalg.vecdot(g, x_hat).div_(x.shape[-1]).unsqueeze(-1)
-        dx = torch.addcmul(g, x_hat, mean_g_x_hat, value=-1).mul_(rstd).to(x.dtype)
+        compute_dtype, D = rstd.dtype, x.shape[-1]
+        dy_c, x_c, weight_c = dy.to(compute_dtype), x.to(compute_dtype), weight.to(compute_dtype)
+        single_gain = weight.numel() == 1
+        g = dy_c if single_gain else dy_c * weight_c  # a single gain multiplies dx at the end instead
+        g_dot_x = torch.linalg.vecdot(g, x_c).unsqueeze(-1)
+        row_scale = rstd * weight_c if single_gain else rstd
+        dx = torch.addcmul(g, x_c, g_dot_x * rstd.square() / -D).mul_(row_scale).to(x.dtype)
         dweight = None
         if ctx.needs_input_grad[1]:
-            dweight = (dy_c * x_hat).reshape(-1, x.shape[-1]).sum(0).to(weight.dtype)
+            if single_gain:
+                dweight = (g_dot_x * rstd).sum().reshape(1)
+            else:
+                dweight = torch.mv((dy_c * x_c).reshape(-1, D).t(), rstd.reshape(-1))
+            dweight = dweight.to(weight.dtype)
         return dx, dweight, None
 
 
@@ -117,18 +129,22 @@ def _launch_config(D: int) -> tuple[int, int]:
     return block_d, num_warps
 
 
-def _check_inputs(x: torch.Tensor, weight: torch.Tensor) -> None:
-    if weight.dim() != 1 or x.dim() == 0 or x.shape[-1] != weight.shape[0]:
+def _check_inputs(x: torch.Tensor, weight: torch.Tensor, *, per_feature_only: bool = False) -> None:
+    """weight: one gain per feature (D,), or one gain for every feature (1,) where the kernels are not
+    called directly (`rms_norm` expands it for them)."""
+    shapes = ([(x.shape[-1],)] if x.dim() else []) + ([] if per_feature_only else [(1,)])
+    if tuple(weight.shape) not in shapes:
+        wanted = "(D,)" if per_feature_only else "(D,) or (1,)"
         raise ValueError(
-            f"rms_norm needs weight of shape (D,) matching x's last dimension, got x {tuple(x.shape)} "
-            f"and weight {tuple(weight.shape)}"
+            f"rms_norm needs weight of shape {wanted} with D x's last dimension, got x {tuple(x.shape)} and "
+            f"weight {tuple(weight.shape)}"
         )
 
 
 @torch.library.custom_op("moe_dag::rms_norm_forward", mutates_args=())
 def rms_norm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """y (shape and dtype of x) and the float32 reciprocal RMS of each row, which backward reuses."""
-    _check_inputs(x, weight)
+    _check_inputs(x, weight, per_feature_only=True)
     D = x.shape[-1]
     x_ND = x.reshape(-1, D).contiguous()
     y_ND = torch.empty_like(x_ND)
@@ -142,7 +158,7 @@ def rms_norm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple
 
 @rms_norm_forward.register_fake
 def _(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    _check_inputs(x, weight)
+    _check_inputs(x, weight, per_feature_only=True)
     return torch.empty_like(x), x.new_empty(x.shape[:-1], dtype=torch.float32)
 
 
@@ -191,10 +207,11 @@ rms_norm_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm over x's last dimension: the Triton op where it can run, else `rms_norm_reference`."""
+    """RMSNorm over x's last dimension: the Triton op where it can run, else `rms_norm_reference`.
+    weight: one gain per feature (D,) or one for all (1,)."""
     _check_inputs(x, weight)
     if triton_runs_on(x) and x.dtype in KERNEL_DTYPES and x.shape[-1] <= MAX_HIDDEN_SIZE:
-        return rms_norm_forward(x, weight, eps)[0]
+        return rms_norm_forward(x, weight.expand(x.shape[-1]), eps)[0]
     return rms_norm_reference(x, weight, eps)
 
 

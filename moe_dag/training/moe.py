@@ -255,7 +255,7 @@ class MoE(nn.Module):
         y_ND = self.dispatch(self.experts, x_ND, expert_NK, routed.gate_NK)
         if self.shared is not None:
             y_ND = y_ND + self.shared(x_ND)
-        y_ND = rms_norm(y_ND, self.output_norm_scale.expand(D), eps=self.norm_eps)
+        y_ND = rms_norm(y_ND, self.output_norm_scale, eps=self.norm_eps)
         return y_ND.view_as(x_BSD)
 
     def _router_loss(self, routed: RouterOutput, expert_BSK: torch.Tensor) -> torch.Tensor | None:
