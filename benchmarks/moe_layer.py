@@ -12,6 +12,11 @@
 On CPU, torch._grouped_mm runs one product per expert, so `ratio` = loop / grouped is expected near 1;
 the grouped path only has to be no slower. Sides alternate, median of the repeats.
 
+Threads: by default each demo training worker's share of this machine's cores, as the trainer sets it
+(cores // configs/demo.yaml's `training.nproc_per_node`: one on 2 cores, where the demo trains with two
+expert-parallel workers). `--threads N` measures another count; at demo sizes the layer's products and
+elementwise steps are too small to gain much from a second thread, while the dense floor's products do.
+
     .venv/bin/python benchmarks/moe_layer.py [--repeats 20] [--batch 16] [--threads N]
 
 Last line: one JSON object with keys bench, grouped_ms, loop_ms, ratio, dense_equivalent_ms,
@@ -31,9 +36,13 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: idle thread
 
 import torch  # noqa: E402
 
+from moe_dag.config import load_config  # noqa: E402
 from moe_dag.training.config import preset  # noqa: E402
 from moe_dag.training.grouped_mm import grouped_mm, looped_grouped_mm  # noqa: E402
 from moe_dag.training.model import build_model  # noqa: E402
+from moe_dag.training.trainer import threads_per_worker  # noqa: E402
+
+DEMO_CONFIG = "configs/demo.yaml"
 
 
 def moe_layer(batch: int) -> tuple[torch.nn.Module, torch.Tensor]:
@@ -66,10 +75,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--batch", type=int, default=16, help="sequences of the demo's 128 tokens")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--threads", type=int, help="torch threads (default: one demo worker's share)")
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    demo_workers = load_config(DEMO_CONFIG).training.nproc_per_node
+    torch.set_num_threads(args.threads or threads_per_worker(demo_workers))
     moe, x = moe_layer(args.batch)
     rows_RD, w13_D2F, w2_FD = dense_chain(moe, x)
     F = w2_FD.shape[0]

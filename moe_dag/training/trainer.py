@@ -52,12 +52,17 @@ def with_data_shapes(config: Config, mixture: MixtureInfo) -> Config:
     return dataclasses.replace(config, model=model)
 
 
+def threads_per_worker(local_workers: int) -> int:
+    """Torch threads for one of `local_workers` processes on this machine: the cores this process may run
+    on (a container or taskset can allow fewer than the machine has), split evenly."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // local_workers)
+
+
 def _num_threads(config: Config, info: distributed.DistInfo) -> int:
     if config.train.num_threads is not None:
         return config.train.num_threads
-    # The cores this process may run on (a container or taskset can allow fewer than the machine has).
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cores // info.local_world_size)
+    return threads_per_worker(info.local_world_size)
 
 
 def _check_resumable(checkpoint: Path, config: Config) -> None:
