@@ -17,9 +17,12 @@ time / the baseline's, medians), the share of keep decisions that early exit cha
 probe F1 at the sources' keep rates. The goal from the design: at least 15% saved at no more than 1%
 of decisions changed, judge F1 >= 0.82 (the FineWeb-Edu classifier's), probe F1 below it.
 
-F1 is measured twice: on the held-out labels (what `quality_heads` reports: 20% of the sample, 40
-documents a source, so +-0.05), and on every document the heads never saw, labelled here by the same
-rules oracle (free on CPU; about 1,300 documents). `judge_f1` and `probe_f1` are the second.
+F1 is measured twice: on the held-out labels (what `quality_heads` reports: 20% of the sample, 80
+documents a source, so +-0.04), and on every document the heads never saw, labelled here by the same
+rules oracle (free on CPU; about 1,200 documents). `judge_f1` and `probe_f1` are the second.
+
+800 documents a source by default: what the demo corpus's smallest source (prose) keeps after the
+filters, enough for the config's 400 labels and the 323-document calibration sample of each source.
 
 Early exit can only skip documents the judge drops, so at a keep rate r at most 1 - r of documents can
 leave, and each saves (judge_layer - probe_layer) / judge_layer of the layers: at the demo's 0.7 and
@@ -28,7 +31,7 @@ probe. The sweep recalibrates tau_drop on the
 unseen documents' scores at lower keep rates (the same heads, the same 1% bound) to show where the
 design's figure becomes reachable; `early_exit_by_keep_rate` in the JSON.
 
-    .venv/bin/python benchmarks/scoring.py [--documents 600] [--repeats 2] [--labels N] [--epochs N]
+    .venv/bin/python benchmarks/scoring.py [--documents 800] [--repeats 2] [--labels N] [--epochs N]
         [--probe-layer N] [--judge-layer N]
 
 `--labels` and `--epochs` override the config's `oracle.per_source` and `heads.epochs`, to see what
@@ -283,7 +286,7 @@ def main(
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/demo.yaml")
-    parser.add_argument("--documents", type=int, default=600, help="documents per source")
+    parser.add_argument("--documents", type=int, default=800, help="documents per source")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--labels", type=int, help="oracle labels per source (default: the config's)")
     parser.add_argument("--epochs", type=int, help="head training epochs (default: the config's)")
