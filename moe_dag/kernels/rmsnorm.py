@@ -3,6 +3,7 @@
     y = x / sqrt(mean(x^2) + eps) * weight
 
 weight is one gain per feature (D,) or one gain for all of them (1,), as the MoE's output norm has.
+
 Both kernels read a row at a time (one block covers the whole hidden size, so D is capped at
 MAX_HIDDEN_SIZE) and accumulate in float32 whatever the input dtype. With r = 1 / sqrt(mean(x^2) + eps),
 x_hat = x * r and g = dy * weight, the gradients are
@@ -45,7 +46,7 @@ class _RMSNormReference(torch.autograd.Function):
     on CPU, where the reference is what trains, cost more than the matrix products beside it.
 
     Written with x rather than x_hat (sum(g * x_hat) = r * sum(g * x)), so x_hat is never materialised;
-    a single gain folds into the per-row factors, which leaves three passes in backward instead of six."""
+    a single gain folds into the per-row factors, which leaves three passes over the rows in backward."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
