@@ -10,13 +10,21 @@ EXTRAS ?= dev,bench
 export DAGSTER_HOME := $(CURDIR)/$(STATE)/dagster
 export MOE_DAG_CONFIG := $(CONFIG)
 
-.PHONY: setup demo test test-fast ui bench lint clean
+.PHONY: setup runtime demo test test-fast ui bench lint clean
 
-setup: $(BIN)/.installed $(DAGSTER_HOME)/dagster.yaml
+# Everything: the graph's dependencies plus the EXTRAS (tests, benchmarks, the datatrove comparison).
+setup: $(BIN)/.installed-extras $(DAGSTER_HOME)/dagster.yaml
+
+# What the graph itself needs: `make demo` and `make ui` install no more (the extras add ~45 s).
+runtime: $(BIN)/.installed $(DAGSTER_HOME)/dagster.yaml
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --quiet '$(TORCH_SPEC)'
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+$(BIN)/.installed-extras: $(BIN)/.installed
 	$(BIN)/pip install --quiet -e '.[$(EXTRAS)]'
 	touch $@
 
@@ -25,7 +33,7 @@ $(DAGSTER_HOME)/dagster.yaml: dagster.yaml
 	mkdir -p $(DAGSTER_HOME)
 	cp dagster.yaml $@
 
-demo: setup
+demo: runtime
 	$(BIN)/moe-dag --config $(CONFIG) demo
 
 test: setup system-packages
@@ -50,7 +58,7 @@ system-packages:
 			apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	else echo "not installed:" $$missing "(as root: apt-get install" $$missing"); their tests skip"; fi
 
-ui: setup
+ui: runtime
 	$(BIN)/dagster dev -h 127.0.0.1 -p 3000
 
 bench: setup
