@@ -142,17 +142,13 @@ def main(
     layers: tuple[int | None, int | None],
 ) -> dict[str, object]:
     config = load_config(config_path)
-    probe_layer, judge_layer = layers
-    if probe_layer is not None or judge_layer is not None:
-        backbone_config = config.backbone
-        config = replace(
-            config,
-            backbone=replace(
-                backbone_config,
-                probe_layer=probe_layer or backbone_config.probe_layer,
-                judge_layer=judge_layer or backbone_config.judge_layer,
-            ),
-        )
+    chosen_layers = {
+        name: layer
+        for name, layer in zip(("probe_layer", "judge_layer"), layers, strict=True)
+        if layer is not None
+    }
+    if chosen_layers:  # `is not None`: a 0 must reach BackboneConfig's check, not fall back silently
+        config = replace(config, backbone=replace(config.backbone, **chosen_layers))
     if labels is not None:
         config = replace(config, oracle=replace(config.oracle, per_source=labels))
     if epochs is not None:

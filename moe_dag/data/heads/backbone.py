@@ -50,8 +50,8 @@ class BackboneConfig:
     # "openai/gpt-oss-20b" with probe_layer=18, judge_layer=24.
     name_or_path: str | None = None
     # MiniLM's last layers are tuned for sentence similarity; the quality signal peaks in the middle.
-    # benchmarks/scoring.py, keep F1 against the rules oracle on 1,089 unseen demo documents: judge
-    # 0.793 and probe 0.795 at layers 1 and 3, against 0.780 and 0.790 at 3 and 6
+    # benchmarks/scoring.py at 200 labels a source, keep F1 against the rules oracle on 1,089 unseen demo
+    # documents: judge 0.793 and probe 0.795 at layers 1 and 3, against 0.780 and 0.790 at 3 and 6
     # (`--probe-layer 3 --judge-layer 6`), with half the backbone's work and 4x the early exits.
     probe_layer: int = 1
     judge_layer: int = 3
