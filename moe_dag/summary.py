@@ -121,8 +121,9 @@ def _heads(folder: Path, catalog: Catalog) -> list[str]:
             f"MAE {m[f'{head}_mae']:.3f}"
         )
 
-    exits, scored = catalog.query(
-        "SELECT count(*) FILTER (WHERE reason = 'probe_below_tau_drop'), count(*) FROM scored_documents"
+    dropped, passed, scored = catalog.query(
+        "SELECT count(*) FILTER (WHERE reason = 'probe_below_tau_drop'), "
+        "count(*) FILTER (WHERE keep AND judge_score IS NULL), count(*) FROM scored_documents"
     )[0]
     return [
         f"oracle-to-head agreement on {m['n_heldout']:.0f} held-out labels (heads {meta['version']}):",
@@ -130,7 +131,8 @@ def _heads(folder: Path, catalog: Catalog) -> list[str]:
         agreement("judge"),
         f"  keep-decision F1 vs the oracle at each source's keep rate: judge {m['judge_f1']:.3f}, "
         f"probe {m['probe_f1']:.3f}",
-        f"  early exit at the probe: {exits} of {scored} scored documents",
+        f"  early exit at the probe: {dropped + passed} of {scored} scored documents ({dropped} dropped, "
+        f"{passed} kept)",
     ]
 
 

@@ -66,19 +66,21 @@ def _full_forward(backbone, heads, texts):
     return heads.aggregate("general", probe), heads.aggregate("general", judge), judge
 
 
-def _between_middle_two(scores: np.ndarray) -> float:
+def _above_lowest(scores: np.ndarray, k: int) -> float:
+    """Halfway between the k-th and the (k + 1)-th lowest score: batched and one-by-one forwards differ
+    in the last bits, so a threshold must not sit on a score."""
     ranked = np.sort(scores)
-    middle = len(ranked) // 2
-    return float((ranked[middle - 1] + ranked[middle]) / 2)
+    return float((ranked[k - 1] + ranked[k]) / 2)
 
 
 def test_early_exit_matches_full_forward_and_accounts_for_every_row(setup):
     backbone, heads, table = setup
     probe_full, judge_full, judge_dimensions = _full_forward(backbone, heads, TEXTS)
-    # Thresholds inside the score ranges, so both exits and both judge outcomes occur, and halfway
-    # between two documents' scores: batched and one-by-one forwards differ in the last bits.
+    # Thresholds inside the score ranges, so both exits and both judge outcomes occur.
     thresholds = Thresholds(
-        tau_drop=_between_middle_two(probe_full), tau_keep=_between_middle_two(judge_full)
+        tau_drop=_above_lowest(probe_full, 4),
+        tau_pass=_above_lowest(probe_full, 8),
+        tau_keep=_above_lowest(judge_full, len(TEXTS) // 2),
     )
     assert thresholds.rubric == "general"
     judged_rows = []
@@ -89,8 +91,11 @@ def test_early_exit_matches_full_forward_and_accounts_for_every_row(setup):
         hook.remove()
 
     assert scored["id"].to_pylist() == table["id"].to_pylist()
-    exited = np.asarray([r == PROBE_EXIT for r in scored["reason"].to_pylist()])
-    assert exited.sum() == (probe_full < thresholds.tau_drop).sum() > 0
+    dropped = np.asarray([r == PROBE_EXIT for r in scored["reason"].to_pylist()])
+    assert dropped.sum() == (probe_full < thresholds.tau_drop).sum() == 4
+    passed = probe_full >= thresholds.tau_pass
+    assert passed.sum() == 3
+    exited = dropped | passed
     judge = scored["judge_score"]
     assert judge.null_count == exited.sum()
     assert all(judge[i].as_py() is None for i in np.flatnonzero(exited))
@@ -108,14 +113,15 @@ def test_early_exit_matches_full_forward_and_accounts_for_every_row(setup):
         )
 
     keep = np.asarray(scored["keep"].to_pylist())
-    np.testing.assert_array_equal(keep, stayed & (judge_full >= thresholds.tau_keep))
+    np.testing.assert_array_equal(keep, passed | (stayed & (judge_full >= thresholds.tau_keep)))
     counts = reason_counts(scored)
     assert keep.sum() + sum(counts.values()) == table.num_rows
-    assert set(counts) <= {PROBE_EXIT, JUDGE_DROP} and counts[PROBE_EXIT] == exited.sum()
+    assert set(counts) <= {PROBE_EXIT, JUDGE_DROP} and counts[PROBE_EXIT] == dropped.sum()
     assert pc.all(pc.equal(scored["heads_version"], heads_version(heads, backbone.config))).as_py()
 
     summary = early_exit_summary(scored, backbone.config)
     assert summary["early_exit_rate"] == exited.mean()
+    assert (summary["drop_exit_rate"], summary["keep_exit_rate"]) == (dropped.mean(), passed.mean())
     assert summary["layer_compute_saved"] == pytest.approx(exited.mean() * 3 / 6)
 
 
@@ -163,6 +169,14 @@ def test_rows_scored_by_the_current_heads_are_not_scored_again(setup):
 
     exited = score_documents(table, backbone, heads, exits_everything, batch_size=8)
     reused, todo = split_reusable(table, exited, version, no_exit)  # now they need the judge they skipped
+    assert reused.num_rows == 0 and todo.num_rows == table.num_rows
+    keeps_everything = Thresholds(tau_drop=0.0, tau_keep=0.5, tau_pass=0.0)
+    kept_at_probe = score_documents(table, backbone, heads, keeps_everything, batch_size=8)
+    assert kept_at_probe["judge_score"].null_count == table.num_rows
+    assert all(kept_at_probe["keep"].to_pylist())
+    reused, todo = split_reusable(table, kept_at_probe, version, keeps_everything)
+    assert reused.num_rows == table.num_rows and todo.num_rows == 0
+    reused, todo = split_reusable(table, kept_at_probe, version, no_exit)
     assert reused.num_rows == 0 and todo.num_rows == table.num_rows
     reused, todo = split_reusable(table, previous, "another-version", no_exit)
     assert reused.num_rows == 0 and todo.num_rows == table.num_rows

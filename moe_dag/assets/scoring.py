@@ -76,6 +76,7 @@ def scored_documents(
         {
             "heads_version": stored.version,
             "early_exit_rate": round(counts.get("early_exits", 0) / documents, 4),
+            "kept_at_probe_rate": round(counts.get("kept_at_probe", 0) / documents, 4),
             "layer_compute_saved": round(counts.get("layer_compute_saved", 0.0) / documents, 4),
         },
     )

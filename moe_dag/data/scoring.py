@@ -1,15 +1,16 @@
 """Early-exit quality scoring: the probe decides who leaves, the judge decides the rest.
 
 Per batch, the frozen backbone runs to the probe layer and the probe scores every document on its
-source's rubric. Documents whose probe aggregate is under tau_drop stop there (reason
-"probe_below_tau_drop", no judge score): thresholds are calibrated so that at most a configured share
-of them (1%) are documents the judge would have kept. The others continue from the probe layer's hidden
-states, not from the tokens, to the judge layer, and are kept when the judge's aggregate is >= tau_keep
-(else reason "judge_below_tau_keep").
+source's rubric. Documents whose probe aggregate is under tau_drop stop there, dropped (reason
+"probe_below_tau_drop"); those at or above tau_pass stop there, kept. Thresholds are calibrated so that
+at most a configured share (1%) of either exit are documents the judge would have decided otherwise.
+The others continue from the probe layer's hidden states, not from the tokens, to the judge layer, and
+are kept when the judge's aggregate is >= tau_keep (else reason "judge_below_tau_keep").
 
 Every input row comes back with probe_score and judge_score (the keep aggregates; judge_score null after
 an early exit), the judge's score per rubric dimension (`judge_<dimension>`), heads_version, keep and
-reason, so in = kept + dropped and any decision can be traced to the head that made it.
+reason, so in = kept + dropped and any decision can be traced to the head that made it: a kept row
+without a judge score was kept by the probe.
 
 `score_documents` is a plain function of an Arrow table and loaded backbone and heads, so the same call
 runs in a loop, in a test, or inside a Ray actor that loads the backbone and heads once.
@@ -43,9 +44,10 @@ def decide(
     probe_N: np.ndarray, judge_N: np.ndarray, thresholds: Thresholds
 ) -> tuple[list[bool], list[str | None]]:
     """Keep flags and reasons from the aggregates (judge NaN where the document left at the probe)."""
-    exited = probe_N < thresholds.tau_drop
-    keep = ~exited & (np.nan_to_num(judge_N, nan=-np.inf) >= thresholds.tau_keep)
-    reason = [PROBE_EXIT if e else None if k else JUDGE_DROP for e, k in zip(exited, keep, strict=True)]
+    dropped = thresholds.dropped_at_probe(probe_N)
+    judged_keep = ~dropped & (np.nan_to_num(judge_N, nan=-np.inf) >= thresholds.tau_keep)
+    keep = thresholds.kept_at_probe(probe_N) | judged_keep
+    reason = [PROBE_EXIT if d else None if k else JUDGE_DROP for d, k in zip(dropped, keep, strict=True)]
     return keep.tolist(), reason
 
 
@@ -73,7 +75,8 @@ def score_documents(
         probe_BTD = backbone.run_layers(backbone.embed(ids_BT), mask_BT, 0, probe_layer)
         probe_BK = heads.probe(probe_BTD.float(), mask_BT, rubric.name).cpu().double().numpy()
         probe_NK[rows] = probe_BK
-        stay_B = heads.aggregate(rubric.name, probe_BK) >= thresholds.tau_drop
+        aggregate_B = heads.aggregate(rubric.name, probe_BK)
+        stay_B = ~(thresholds.dropped_at_probe(aggregate_B) | thresholds.kept_at_probe(aggregate_B))
         if stay_B.any():
             stay = torch.from_numpy(stay_B).to(backbone.device)
             judge_STD = backbone.run_layers(probe_BTD[stay], mask_BT[stay], probe_layer, judge_layer)
@@ -102,18 +105,18 @@ def split_reusable(
 
     A previous row is reused when its id and text are unchanged, it carries the current heads `version`,
     and it has every score the current thresholds need (a judge score, unless it exits under the current
-    tau_drop). Reused rows are decided again with the current thresholds, which are not part of the
-    version. So a rerun after new heads rescores everything, a rerun with the same heads nothing, and
-    new documents alone are scored when a source grows.
+    tau_drop or tau_pass). Reused rows are decided again with the current thresholds, which are not part
+    of the version. So a rerun after new heads rescores everything, a rerun with the same heads nothing,
+    and new documents alone are scored when a source grows.
     """
     if previous is None or not previous.num_rows or "heads_version" not in previous.column_names:
         return None, documents
+    probe = previous["probe_score"].to_numpy().astype(np.float64)
+    exits = thresholds.dropped_at_probe(probe) | thresholds.kept_at_probe(probe)
     current = previous.filter(
         pc.and_(
             pc.equal(previous["heads_version"], version),
-            pc.or_(
-                pc.is_valid(previous["judge_score"]), pc.less(previous["probe_score"], thresholds.tau_drop)
-            ),
+            pc.or_(pc.is_valid(previous["judge_score"]), pa.array(exits)),
         )
     )
     unchanged = current.select(["id", "text"]).join(
@@ -174,26 +177,30 @@ def calibration_warnings(
         if t.early_exit_rate == 0.0:
             warnings.append(
                 f"{source}: no early exit (the probe cannot pick out exits with at most "
-                f"{config.max_exit_error:.0%} the judge would keep on {t.n_calibration} documents); every "
-                "document runs to the judge"
+                f"{config.max_exit_error:.0%} the judge would decide otherwise on {t.n_calibration} "
+                "documents); every document runs to the judge"
             )
     return warnings
 
 
 def early_exit_summary(scored: pa.Table, config: BackboneConfig) -> dict[str, float]:
-    """Share of documents that left at the probe, and the share of backbone layer compute that saved.
+    """Shares of documents that left at the probe (dropped, kept, either), and the share of backbone
+    layer compute that saved.
 
     Compute is counted in layers per document (each exit skips judge_layer - probe_layer of the
     judge_layer layers a full pass runs), ignoring length differences between documents and the judge
     head itself, which is small next to the layers.
     """
-    n = scored.num_rows
-    exits = int(pc.sum(pc.equal(scored["reason"], PROBE_EXIT)).as_py() or 0)
-    exit_rate = exits / n if n else 0.0
+    n = max(scored.num_rows, 1)
+    dropped = int(pc.sum(pc.equal(scored["reason"], PROBE_EXIT)).as_py() or 0)
+    passed = int(pc.sum(pc.and_(scored["keep"], pc.is_null(scored["judge_score"]))).as_py() or 0)
+    exit_rate = (dropped + passed) / n
     skipped_share = (config.judge_layer - config.probe_layer) / config.judge_layer
     return {
-        "documents": float(n),
+        "documents": float(scored.num_rows),
         "early_exit_rate": exit_rate,
+        "drop_exit_rate": dropped / n,
+        "keep_exit_rate": passed / n,
         "layer_compute_saved": exit_rate * skipped_share,
-        "kept_rate": (int(pc.sum(scored["keep"]).as_py() or 0) / n) if n else 0.0,
+        "kept_rate": int(pc.sum(scored["keep"]).as_py() or 0) / n,
     }

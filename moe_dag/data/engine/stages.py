@@ -167,6 +167,7 @@ class ScoringWork(ShardWork):
                     **decision_counts(scored),
                     # Rates weighted by documents, so they add up over batches and shards.
                     "early_exits": round(exits["early_exit_rate"] * scored.num_rows),
+                    "kept_at_probe": round(exits["keep_exit_rate"] * scored.num_rows),
                     "layer_compute_saved": exits["layer_compute_saved"] * scored.num_rows,
                 }
             )

@@ -113,5 +113,10 @@ def load_heads(directory: str | Path) -> StoredHeads:
         raise ValueError(
             f"{folder / WEIGHTS_FILE} hashes to version {version} but {meta_path} records {meta['version']}"
         )
-    thresholds = {source: Thresholds(**t) for source, t in meta["thresholds"].items()}
+    try:
+        thresholds = {source: Thresholds(**t) for source, t in meta["thresholds"].items()}
+    except TypeError as error:
+        raise ValueError(
+            f"{meta_path} records thresholds in an older format ({error}); materialise quality_heads again"
+        ) from error
     return StoredHeads(heads, thresholds, backbone_config, version, meta["metrics"])

@@ -1,9 +1,16 @@
 """Per-source thresholds for early-exit scoring, calibrated on the heads' scores of unseen documents.
 
-A document is dropped at the probe when probe < tau_drop (the judge never runs), else kept when
-judge >= tau_keep. Both thresholds are properties of the heads' score distributions on a source, not of
-the oracle's labels, so they are calibrated on documents the heads were not trained on, scored by both
-heads, labelled or not: the held-out labels plus a calibration sample of the source.
+A document is dropped at the probe when probe < tau_drop and kept at the probe when probe >= tau_pass
+(either way the judge never runs); the rest are kept when judge >= tau_keep. The thresholds are
+properties of the heads' score distributions on a source, not of the oracle's labels, so they are
+calibrated on documents the heads were not trained on, scored by both heads, labelled or not: the
+held-out labels plus a calibration sample of the source.
+
+Exits both ways: at keep rate r, dropping at the probe can spare the judge at most 1 - r of the
+documents (30% at the usual 0.7), while the documents the probe is surest the judge keeps are the
+larger share. Each side is bounded alike: at most `max_exit_error` of its exits would the judge have
+decided otherwise. `keep_exits: false` keeps only the drop side, so every kept document carries the
+judge's scores.
 
 How many documents: tau_keep is a quantile, and the keep rate it gives on new documents of the source
 is off by about z * sqrt(p (1 - p) / n) for keep rate p and n calibration documents. So each source's
@@ -27,12 +34,16 @@ class CalibrationConfig:
     # tau_keep: the keep rate on the source's new documents within +- keep_rate_tolerance, at z sigmas.
     keep_rate_tolerance: float = 0.03
     z: float = 1.96
-    # tau_drop: at most this share of probe exits would have been kept by the judge ...
+    # tau_drop and tau_pass: at most this share of the probe's exits on each side (drops, keeps) would the
+    # judge have decided otherwise ...
     max_exit_error: float = 0.01
     # ... at this confidence: the upper end of a one-sided Wilson interval (z sigmas; 0 = point estimate).
-    # 1.28 (90%) rather than less, because tau_drop is the largest threshold that passes, an optimistic
-    # pick: in simulation (tests/test_heads.py) it kept the share on new documents under 1%.
+    # 1.28 (90%) rather than less, because each exit set is the largest that passes, an optimistic pick:
+    # in simulation (tests/test_heads.py) the share on new documents averaged about 1% where exits were
+    # scarce (drops at keep rate 0.7) and 0.5% elsewhere, single calibrations reaching 1.8%.
     exit_z: float = 1.28
+    # Also keep at the probe (tau_pass); false: only drops exit, and every kept document has judge scores.
+    keep_exits: bool = True
 
     def __post_init__(self) -> None:
         if not 0.0 < self.keep_rate_tolerance < 0.5:
@@ -45,14 +56,30 @@ class CalibrationConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class Thresholds:
-    tau_drop: float
-    tau_keep: float
+    tau_drop: float  # probe aggregate under it: dropped at the probe
+    tau_keep: float  # judge aggregate at or above it: kept by the judge
+    tau_pass: float | None = None  # probe aggregate at or above it: kept at the probe (None: never)
     rubric: str = "general"  # whose dimension scores the heads output for this source
     n_calibration: int = 0
     n_needed: int = 0  # what the configured precision asks for
-    # On the calibration set: share of documents leaving at the probe, and share of those the judge keeps.
-    early_exit_rate: float = 0.0
-    exit_error: float | None = None  # None: nothing exits
+    # On the calibration set, per side: share of documents leaving at the probe, and share of those the
+    # judge would have decided otherwise (None: nothing leaves on that side).
+    drop_exit_rate: float = 0.0
+    drop_exit_error: float | None = None
+    keep_exit_rate: float = 0.0
+    keep_exit_error: float | None = None
+
+    @property
+    def early_exit_rate(self) -> float:
+        return self.drop_exit_rate + self.keep_exit_rate
+
+    def dropped_at_probe(self, probe_N: np.ndarray) -> np.ndarray:
+        return probe_N < self.tau_drop
+
+    def kept_at_probe(self, probe_N: np.ndarray) -> np.ndarray:
+        if self.tau_pass is None:
+            return np.zeros(probe_N.shape, dtype=bool)
+        return ~self.dropped_at_probe(probe_N) & (probe_N >= self.tau_pass)
 
 
 def calibration_sample_size(keep_rate: float, config: CalibrationConfig) -> int:
@@ -79,6 +106,18 @@ def _wilson_upper(failures: np.ndarray, trials: np.ndarray, z: float) -> np.ndar
     return (centre + spread) / (1 + z * z / trials)
 
 
+def _longest_exit(ranked_probe: np.ndarray, overturned: np.ndarray, config: CalibrationConfig) -> int:
+    """How many documents, ranked from the probe's surest, can leave at the probe: the longest run whose
+    share the judge would decide otherwise (`overturned`) is within the configured bound, ending where a
+    threshold can split the ranking. 0: none."""
+    wrong = np.cumsum(overturned)
+    exits = np.arange(1, len(ranked_probe) + 1)
+    bound = wrong / exits if config.exit_z == 0 else _wilson_upper(wrong, exits, config.exit_z)
+    separable = np.append(ranked_probe[:-1] != ranked_probe[1:], True)  # a threshold can split here
+    qualifying = np.flatnonzero((bound <= config.max_exit_error) & separable)
+    return int(qualifying[-1]) + 1 if len(qualifying) else 0
+
+
 def calibrate_source(
     probe_scores: Sequence[float],
     judge_scores: Sequence[float],
@@ -97,6 +136,10 @@ def calibrate_source(
     (with exit_z = 1.28 and no such document, about 165 exits are needed before any early exit happens).
     It sits halfway between the last exited and the next probe score, and is 0 (no early exit) when no
     threshold qualifies.
+
+    tau_pass (when `keep_exits`): the same from the top, over the documents tau_drop leaves: the smallest
+    threshold whose exit set (every document at or above it) holds at most `max_exit_error` documents
+    the judge would have dropped; None when none qualifies.
     """
     probe = np.asarray(probe_scores, dtype=np.float64)
     judge = np.asarray(judge_scores, dtype=np.float64)
@@ -109,21 +152,27 @@ def calibrate_source(
     if n == 0:
         raise ValueError("calibrate_source: no scored documents to calibrate on")
     tau_keep = _keep_threshold(judge, keep_rate)
-    order = np.argsort(probe, kind="stable")
-    ranked_probe = probe[order]
-    exits = np.arange(1, n + 1)
-    wrong = np.cumsum(judge[order] >= tau_keep)  # exits the judge would have kept
-    bound = wrong / exits if config.exit_z == 0 else _wilson_upper(wrong, exits, config.exit_z)
-    separable = np.append(ranked_probe[:-1] < ranked_probe[1:], True)  # a threshold can split here
-    qualifying = np.flatnonzero((bound <= config.max_exit_error) & separable)
-    common = {"tau_keep": tau_keep, "rubric": rubric, "n_calibration": n, "n_needed": needed}
-    if len(qualifying) == 0:
-        return Thresholds(tau_drop=0.0, **common)
-    best = int(qualifying[-1]) + 1  # documents exiting
-    upper = ranked_probe[best] if best < n else min(1.0, ranked_probe[best - 1] + 1e-6)
-    return Thresholds(
-        tau_drop=float((ranked_probe[best - 1] + upper) / 2),
-        early_exit_rate=best / n,
-        exit_error=float(wrong[best - 1] / best),
-        **common,
-    )
+    kept_by_judge = judge >= tau_keep
+    thresholds = {"tau_keep": tau_keep, "rubric": rubric, "n_calibration": n, "n_needed": needed}
+
+    ascending = np.argsort(probe, kind="stable")
+    ranked = probe[ascending]
+    drops = _longest_exit(ranked, kept_by_judge[ascending], config)
+    if drops:
+        upper = ranked[drops] if drops < n else min(1.0, ranked[drops - 1] + 1e-6)
+        thresholds["tau_drop"] = float((ranked[drops - 1] + upper) / 2)
+        thresholds["drop_exit_rate"] = drops / n
+        thresholds["drop_exit_error"] = float(kept_by_judge[ascending[:drops]].mean())
+    else:
+        thresholds["tau_drop"] = 0.0  # scores are never below 0
+
+    if config.keep_exits and drops < n:
+        descending = ascending[drops:][::-1]  # what tau_drop leaves, surest keep first
+        ranked = probe[descending]
+        passes = _longest_exit(ranked, ~kept_by_judge[descending], config)
+        if passes:
+            lower = ranked[passes] if passes < len(ranked) else max(0.0, ranked[passes - 1] - 1e-6)
+            thresholds["tau_pass"] = max(float((ranked[passes - 1] + lower) / 2), thresholds["tau_drop"])
+            thresholds["keep_exit_rate"] = passes / n
+            thresholds["keep_exit_error"] = float((~kept_by_judge[descending[:passes]]).mean())
+    return Thresholds(**thresholds)
