@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -27,7 +29,7 @@ from moe_dag.data.heads import (
     save_heads,
     train_heads,
 )
-from moe_dag.data.heads.store import WEIGHTS_FILE
+from moe_dag.data.heads.store import META_FILE, WEIGHTS_FILE
 
 TEXTS = [
     "Photosynthesis converts light energy into chemical energy stored in glucose.",
@@ -324,6 +326,11 @@ def test_store_round_trip_and_version(tmp_path, minilm):
         heads.probe.out["general"].bias += 1e-3
     assert heads_version(heads, minilm.config) != version
     save_heads(tmp_path / "other", heads, thresholds, minilm.config)
+    older = json.loads((tmp_path / "other" / META_FILE).read_text())
+    older["thresholds"]["web"] = {"tau_drop": 0.2, "tau_keep": 0.6, "early_exit_rate": 0.1, "exit_error": 0.0}
+    (tmp_path / "other" / META_FILE).write_text(json.dumps(older))
+    with pytest.raises(ValueError, match="older format.*materialise quality_heads again"):
+        load_heads(tmp_path / "other")
     (tmp_path / WEIGHTS_FILE).write_bytes((tmp_path / "other" / WEIGHTS_FILE).read_bytes())
     with pytest.raises(ValueError, match="hashes to version"):
         load_heads(tmp_path)
