@@ -19,6 +19,7 @@ from moe_dag.training.moe import (
     drop_over_capacity,
     router_z_loss,
     sequence_balance_loss,
+    swiglu_fused,
 )
 
 
@@ -186,6 +187,19 @@ def test_grouped_products_equal_the_per_expert_loop(implementation) -> None:
     torch.testing.assert_close(fast, slow)
     for a, b in zip(fast_grads, slow_grads, strict=True):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_swiglu_is_bitwise_autograd_of_the_plain_expression(dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    h13 = torch.randn(37, 2 * 24, dtype=dtype, requires_grad=True)
+    upstream = torch.randn(37, 24, dtype=dtype)
+    h1, h3 = h13.chunk(2, dim=-1)
+    expected = F.silu(h1) * h3
+    (expected_grad,) = torch.autograd.grad(expected, h13, upstream)
+    got = swiglu_fused(h13)
+    (got_grad,) = torch.autograd.grad(got, h13, upstream)
+    assert torch.equal(got, expected) and torch.equal(got_grad, expected_grad)
 
 
 def test_moe_layer_grouped_equals_loop_forward_and_gradients() -> None:

@@ -64,6 +64,35 @@ class SwiGLU(nn.Module):
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
+class _SwiGLUFromFused(torch.autograd.Function):
+    """silu(h1) * h3 where h1 and h3 are the two halves of one [M, 2F] product, with the gradient
+    written straight into one [M, 2F] tensor: autograd of `chunk` builds it with an extra cat of both
+    halves' gradients (0.5 ms of a 30 ms layer step at demo sizes on one CPU thread). The same
+    operations as autograd of the plain expression otherwise, so the results are bitwise the same."""
+
+    @staticmethod
+    def forward(ctx, h13_M2F: torch.Tensor) -> torch.Tensor:
+        h1_MF, h3_MF = h13_M2F.chunk(2, dim=-1)
+        silu_MF = F.silu(h1_MF)
+        ctx.save_for_backward(h13_M2F, silu_MF)
+        return silu_MF * h3_MF
+
+    @staticmethod
+    def backward(ctx, dout_MF: torch.Tensor) -> torch.Tensor:
+        h13_M2F, silu_MF = ctx.saved_tensors
+        h1_MF, h3_MF = h13_M2F.chunk(2, dim=-1)
+        dh13_M2F = torch.empty_like(h13_M2F)
+        dh1_MF, dh3_MF = dh13_M2F.chunk(2, dim=-1)
+        torch.mul(dout_MF, silu_MF, out=dh3_MF)
+        torch.ops.aten.silu_backward.grad_input(dout_MF * h3_MF, h1_MF, grad_input=dh1_MF)
+        return dh13_M2F
+
+
+def swiglu_fused(h13_M2F: torch.Tensor) -> torch.Tensor:
+    """silu(h1) * h3 for h13 = [h1 | h3] along the last dimension (w1 and w3 computed as one product)."""
+    return _SwiGLUFromFused.apply(h13_M2F)
+
+
 @dataclass(frozen=True, slots=True)
 class RouterOutput:
     expert_NK: torch.Tensor  # chosen experts, best first
@@ -196,11 +225,10 @@ class RoutedExperts(nn.Module):
     def forward(self, x_MD: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
         """The experts applied to expert-sorted rows: counts_E[e] consecutive rows go to expert e."""
         dtype = _compute_dtype(x_MD)
-        # One grouped product for w1 and w3 together: half the calls, the same FLOPs. `chunk`, not two
-        # slices: its backward is one cat, where each slice's backward zero-fills a whole [M, 2F].
+        # One grouped product for w1 and w3 together: half the calls, the same FLOPs.
         w13_E2FD = torch.cat((self.w1_EFD, self.w3_EFD), dim=1).to(dtype)
-        h1_MF, h3_MF = self.grouped_mm(x_MD.to(dtype), w13_E2FD, counts_E).chunk(2, dim=-1)
-        return self.grouped_mm(F.silu(h1_MF) * h3_MF, self.w2_EDF.to(dtype), counts_E)
+        h_MF = swiglu_fused(self.grouped_mm(x_MD.to(dtype), w13_E2FD, counts_E))
+        return self.grouped_mm(h_MF, self.w2_EDF.to(dtype), counts_E)
 
 
 class MoE(nn.Module):
