@@ -84,7 +84,8 @@ class _SwiGLUFromFused(torch.autograd.Function):
         dh13_M2F = torch.empty_like(h13_M2F)
         dh1_MF, dh3_MF = dh13_M2F.chunk(2, dim=-1)
         torch.mul(dout_MF, silu_MF, out=dh3_MF)
-        torch.ops.aten.silu_backward.grad_input(dout_MF * h3_MF, h1_MF, grad_input=dh1_MF)
+        torch.mul(dout_MF, h3_MF, out=dh1_MF)  # the gradient reaching silu(h1), in its gradient's place
+        torch.ops.aten.silu_backward.grad_input(dh1_MF, h1_MF, grad_input=dh1_MF)
         return dh13_M2F
 
 
@@ -281,8 +282,8 @@ class MoE(nn.Module):
             self._count(routed, expert_NK)
             self.router_loss = self._router_loss(routed, expert_NK.view(B, S, self.top_k))
         y_ND = self.dispatch(self.experts, x_ND, expert_NK, routed.gate_NK)
-        if self.shared is not None:
-            y_ND = y_ND + self.shared(x_ND)
+        if self.shared is not None:  # in place, no new [N, D]: no backward saves the dispatch's output
+            y_ND = y_ND.add_(self.shared(x_ND))
         y_ND = rms_norm(y_ND, self.output_norm_scale, eps=self.norm_eps)
         return y_ND.view_as(x_BSD)
 
@@ -306,8 +307,9 @@ class MoE(nn.Module):
             load_E, dropped = counts[:E], counts[E]
         self.tokens_per_expert_E += load_E
         p_NE = routed.affinity_NE
-        entropy_N = -(p_NE * torch.log(p_NE.clamp_min(1e-20))).sum(dim=-1)
+        # entr: -p log p in one pass (0 at p = 0); nansum skips tokens with non-finite logits, counted below
+        entropy = torch.special.entr(p_NE).sum(dim=-1).nansum()
         nonfinite = (~torch.isfinite(routed.logits_NE)).any(dim=-1).sum()
         self.router_stats += torch.stack(
-            (entropy_N.nan_to_num(0.0).sum(), load_E.new_tensor(p_NE.shape[0]), dropped, nonfinite.float())
+            (entropy, load_E.new_tensor(p_NE.shape[0]), dropped, nonfinite.float())
         )
