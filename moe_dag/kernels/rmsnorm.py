@@ -52,7 +52,9 @@ class _RMSNormReference(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         compute_dtype = torch.promote_types(x.dtype, torch.float32)
         x_c, weight_c = x.to(compute_dtype), weight.to(compute_dtype)
-        rstd = torch.rsqrt(torch.linalg.vecdot(x_c, x_c).div_(x.shape[-1]).add_(eps)).unsqueeze(-1)
+        # vector_norm reduces in one pass, where vecdot(x, x) writes the products to a new [N, D] first
+        mean_square = torch.linalg.vector_norm(x_c, dim=-1).square_().div_(x.shape[-1])
+        rstd = torch.rsqrt(mean_square.add_(eps)).unsqueeze(-1)
         ctx.save_for_backward(x, weight, rstd)
         if weight.numel() == 1:
             return (x_c * (rstd * weight_c)).to(x.dtype)
