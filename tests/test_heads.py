@@ -283,9 +283,9 @@ def test_calibration_lands_on_the_keep_rate_on_new_documents(keep_rate):
 
 def test_exit_bound_holds_at_its_confidence():
     """The exit sets' bound is exact and their sizes tested in a fixed order, so on new documents the
-    share the judge would decide otherwise passes 1% for at most 10% of calibrations (90% confidence).
-    The largest set passing a Wilson bound anywhere, the rule before, ran over in 44% of them at keep
-    rate 0.7; in 60 calibrations the share running over may reach 15% by chance."""
+    share the judge would decide otherwise passes 1% for at most 10% of calibrations (90% confidence);
+    in 60 calibrations the share running over may reach 15% by chance. (Taking the largest set that
+    passes an approximate bound anywhere ran over in up to 44% of calibrations.)"""
     config, keep_rate = CalibrationConfig(), 0.5
     rng = np.random.default_rng(7)
     fresh_probe, fresh_judge = _population(200_000, rng)
