@@ -147,15 +147,16 @@ def calibrate_source(
     the target rate.
 
     tau_drop: early exit must save compute without changing decisions. Ranking documents by probe score,
-    the exit set for a threshold is every document under it; tau_drop is the largest threshold whose exit
-    set holds at most `max_exit_error` documents the judge would have kept, at the configured confidence
-    (with exit_z = 1.28, at least 229 exits without any such document before any early exit happens).
+    the exit set for a threshold is every document under it; tau_drop ends the largest exit set holding
+    at most `max_exit_error` documents the judge would have kept, at the configured confidence, as
+    `_longest_exit` tests them (with exit_z = 1.28, no early exit before 229 exits without such a
+    document).
     It sits halfway between the last exited and the next probe score, and is 0 (no early exit) when no
     threshold qualifies.
 
-    tau_pass (when `keep_exits`): the same from the top, over the documents tau_drop leaves: the smallest
-    threshold whose exit set (every document at or above it) holds at most `max_exit_error` documents
-    the judge would have dropped; None when none qualifies.
+    tau_pass (when `keep_exits`): the same from the top, over the documents tau_drop leaves: it ends the
+    largest exit set (every document at or above it) holding at most `max_exit_error` documents the judge
+    would have dropped; None when none qualifies.
     """
     probe = np.asarray(probe_scores, dtype=np.float64)
     judge = np.asarray(judge_scores, dtype=np.float64)
