@@ -134,6 +134,13 @@ def _longest_exit(ranked_probe: np.ndarray, overturned: np.ndarray, config: Cali
     return int(qualifying[-1]) + 1 if len(qualifying) else 0
 
 
+def _split_after(ranked_probe: np.ndarray, count: int, past_the_end: float) -> float:
+    """A threshold halfway between the last of `count` exiting scores and the next one in the ranking
+    (`past_the_end` when every document exits)."""
+    following = ranked_probe[count] if count < len(ranked_probe) else past_the_end
+    return float((ranked_probe[count - 1] + following) / 2)
+
+
 def calibrate_source(
     probe_scores: Sequence[float],
     judge_scores: Sequence[float],
@@ -176,8 +183,7 @@ def calibrate_source(
     ranked = probe[ascending]
     drops = _longest_exit(ranked, kept_by_judge[ascending], config)
     if drops:
-        upper = ranked[drops] if drops < n else min(1.0, ranked[drops - 1] + 1e-6)
-        thresholds["tau_drop"] = float((ranked[drops - 1] + upper) / 2)
+        thresholds["tau_drop"] = _split_after(ranked, drops, min(1.0, ranked[-1] + 1e-6))
         thresholds["drop_exit_rate"] = drops / n
         thresholds["drop_exit_error"] = float(kept_by_judge[ascending[:drops]].mean())
     else:
@@ -188,8 +194,8 @@ def calibrate_source(
         ranked = probe[descending]
         passes = _longest_exit(ranked, ~kept_by_judge[descending], config)
         if passes:
-            lower = ranked[passes] if passes < len(ranked) else max(0.0, ranked[passes - 1] - 1e-6)
-            thresholds["tau_pass"] = max(float((ranked[passes - 1] + lower) / 2), thresholds["tau_drop"])
+            tau_pass = _split_after(ranked, passes, max(0.0, ranked[-1] - 1e-6))
+            thresholds["tau_pass"] = max(tau_pass, thresholds["tau_drop"])
             thresholds["keep_exit_rate"] = passes / n
             thresholds["keep_exit_error"] = float((~kept_by_judge[descending[:passes]]).mean())
     return Thresholds(**thresholds)
