@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import yaml
 
-from moe_dag.bounds import ChecksConfig
+from moe_dag.assets.bounds import ChecksConfig
 from moe_dag.data.dedup import MinHashConfig
 from moe_dag.data.demo_corpus import DemoCorpusConfig
 from moe_dag.data.engine import RayConfig

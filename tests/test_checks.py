@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from moe_dag.assets.training_runs import LOSS_FALLING, ROUTER_HEALTHY, training_check_results
-from moe_dag.bounds import (
+from moe_dag.assets.bounds import (
     ChecksConfig,
     drop_share_violations,
     duplicate_share_violation,
@@ -34,7 +34,7 @@ from moe_dag.data.lake import Lake
 from moe_dag.data.mixture import MixtureConfig, build_mixture
 from moe_dag.data.readers import read_shard
 from moe_dag.data.tokenizer import TokenizerConfig, train_tokenizer
-from moe_dag.definitions import build_definitions
+from moe_dag.orchestration.definitions import build_definitions
 from tests.test_dedup_backfill import sentence_text, write_shard
 
 

@@ -19,7 +19,7 @@ import yaml
 
 from moe_dag.config import load_config
 from moe_dag.data.lake import Lake
-from moe_dag.definitions import build_definitions
+from moe_dag.orchestration.definitions import build_definitions
 
 SOURCES = ["a", "b"]
 CURATE = ["raw_documents", "prefiltered", "minhash_signatures"]

@@ -3,7 +3,7 @@
 import dagster as dg
 import pytest
 
-from moe_dag.definitions import build_definitions
+from moe_dag.orchestration.definitions import build_definitions
 
 EXPECTED_DEPENDENCIES = {
     "raw_documents": set(),
@@ -67,7 +67,7 @@ def test_importing_the_definitions_reads_no_config(tmp_path, monkeypatch):
 
     monkeypatch.setenv("MOE_DAG_CONFIG", str(tmp_path / "missing.yaml"))
     imported = subprocess.run(
-        [sys.executable, "-c", "import moe_dag.definitions"], cwd=tmp_path, capture_output=True, text=True
+        [sys.executable, "-c", "import moe_dag.orchestration.definitions"], cwd=tmp_path, capture_output=True, text=True
     )
     assert imported.returncode == 0, imported.stderr
     with pytest.raises(FileNotFoundError, match="missing.yaml"):

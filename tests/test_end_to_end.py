@@ -8,12 +8,12 @@ import dagster as dg
 import pytest
 import yaml
 
-from moe_dag import cli
+from moe_dag.cli import main as cli
 from moe_dag.config import DEFAULT_CONFIG, load_config
 from moe_dag.data.demo_corpus import build_demo_corpus
-from moe_dag.definitions import build_definitions
-from moe_dag.pipeline import COMPARISONS, STAGES, materialize_all
-from moe_dag.summary import NOISE_SQL, format_summary
+from moe_dag.orchestration.definitions import build_definitions
+from moe_dag.orchestration.pipeline import COMPARISONS, STAGES, materialize_all
+from moe_dag.cli.summary import NOISE_SQL, format_summary
 
 
 def tiny_config(tmp_path: Path) -> Path:

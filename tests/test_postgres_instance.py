@@ -28,7 +28,7 @@ from dagster_postgres import PostgresEventLogStorage, PostgresRunStorage
 
 from moe_dag.config import load_config
 from moe_dag.data.demo_corpus import build_demo_corpus
-from moe_dag.definitions import build_definitions
+from moe_dag.orchestration.definitions import build_definitions
 
 REPO = Path(__file__).resolve().parents[1]
 POSTGRES_YAML = REPO / "configs" / "dagster" / "postgres.yaml"

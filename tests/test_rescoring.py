@@ -2,7 +2,7 @@
 
 import dagster as dg
 
-from moe_dag.definitions import build_definitions
+from moe_dag.orchestration.definitions import build_definitions
 
 DATA_VERSION_TAG = "dagster/data_version"
 

@@ -3,9 +3,9 @@
 import duckdb
 import yaml
 
-from moe_dag import cli
+from moe_dag.cli import main as cli
 from moe_dag.config import load_config
-from moe_dag.summary import format_summary
+from moe_dag.cli.summary import format_summary
 
 
 def write_config(tmp_path):

@@ -20,7 +20,7 @@ from moe_dag.data.catalog import Catalog
 from moe_dag.data.lake import Lake
 from moe_dag.data.mixture import split_heldout
 from moe_dag.data.tokenizer import load_tokenizer
-from moe_dag.definitions import build_definitions
+from moe_dag.orchestration.definitions import build_definitions
 
 SECRET = "zyzzogeton"  # a word only the held-out documents contain
 
@@ -116,7 +116,7 @@ def test_moe_proxy_reports_through_pipes_and_proxy_eval_publishes_intervals(
 def test_the_comparisons_can_be_left_out_of_a_whole_run(
     pipeline_config: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from moe_dag import pipeline
+    from moe_dag.orchestration import pipeline
 
     raw = yaml.safe_load(pipeline_config.read_text())
     pipeline_config.write_text(yaml.safe_dump({**raw, "comparisons": False}))

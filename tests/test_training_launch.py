@@ -11,7 +11,7 @@ from moe_dag.training.__main__ import _launch_workers, _without_option
 
 def test_the_command_runs_the_module_which_starts_torchrun_workers_itself(tmp_path):
     single = training_command(TrainingLaunchConfig(steps=5), tmp_path / "data", tmp_path / "out")
-    assert single[:3] == [sys.executable, "-m", "moe_dag.pipes_training"]
+    assert single[:3] == [sys.executable, "-m", "moe_dag.orchestration.pipes_training"]
     assert single[single.index("--steps") + 1] == "5"
     assert single[single.index("--nproc-per-node") + 1] == "1" and "--eval-on" not in single
 
@@ -45,8 +45,8 @@ def test_torchruns_workers_run_the_module_that_launched_them(monkeypatch):
     started = []
     monkeypatch.setattr(torchrun, "main", started.append)
     monkeypatch.setattr(os, "environ", dict(os.environ))  # the lifeline variables stay in this test
-    _launch_workers(2, ["--nproc-per-node", "2", "--out", "x"], "moe_dag.pipes_training")
-    assert started == [["--standalone", "--nproc-per-node=2", "-m", "moe_dag.pipes_training", "--out", "x"]]
+    _launch_workers(2, ["--nproc-per-node", "2", "--out", "x"], "moe_dag.orchestration.pipes_training")
+    assert started == [["--standalone", "--nproc-per-node=2", "-m", "moe_dag.orchestration.pipes_training", "--out", "x"]]
 
 
 def test_the_library_rooms_never_import_dagster():

@@ -44,7 +44,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from moe_dag.config import load_config
 from moe_dag.data.demo_corpus import build_demo_corpus
-from moe_dag.definitions import build_definitions
+from moe_dag.orchestration.definitions import build_definitions
 
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / ".moe_dag" / "test-artifacts" / "ui"
@@ -102,7 +102,7 @@ def dagster_ui(tiny_pipeline, tmp_path) -> Iterator[str]:
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             [Path(sys.executable).parent / "dagster", "dev", "-h", "127.0.0.1", "-p", str(port),
-             "-m", "moe_dag.definitions"],
+             "-m", "moe_dag.orchestration.definitions"],
             cwd=REPO, env=os.environ.copy(), stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: teardown stops webserver, daemon and runs
             preexec_fn=_stoppable_by_sigterm,

@@ -3,7 +3,7 @@
 import dagster as dg
 
 from moe_dag.data.catalog import LAKE_STAGES, Catalog, chain_breaks
-from moe_dag.resources import PipelineResource
+from moe_dag.orchestration.resources import PipelineResource
 
 
 @dg.asset(

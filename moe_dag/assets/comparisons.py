@@ -34,7 +34,7 @@ from moe_dag.assets.training_runs import (
 from moe_dag.data.mixture import build_mixture
 from moe_dag.data.mixture.unfiltered import unfiltered_documents
 from moe_dag.data.tokenizer import load_tokenizer
-from moe_dag.resources import PipelineResource
+from moe_dag.orchestration.resources import PipelineResource
 from moe_dag.training.baselines import dense_overrides
 from moe_dag.training.compare import compare_runs, read_document_losses
 from moe_dag.training.config import apply_overrides, preset

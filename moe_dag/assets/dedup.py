@@ -40,7 +40,7 @@ from moe_dag.data.dedup.report import DuplicateReport, duplicate_report
 from moe_dag.data.engine import StageSpec
 from moe_dag.data.engine.stages import DedupWork, SignatureWork
 from moe_dag.data.lake import Lake
-from moe_dag.resources import PipelineResource, RayResource
+from moe_dag.orchestration.resources import PipelineResource, RayResource
 
 VERSIONS = "cluster_versions"  # dedup_clusters metadata: {source: version}
 VERSION_COLUMNS = ["id", "source", "cluster_id", "match"]  # what a version is computed from

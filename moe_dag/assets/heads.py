@@ -9,11 +9,11 @@ import pyarrow as pa
 
 from moe_dag.assets.plots import bars_png, png_markdown, scatter_png
 from moe_dag.assets.reporting import problems_result
-from moe_dag.bounds import head_agreement_violations
+from moe_dag.assets.bounds import head_agreement_violations
 from moe_dag.data.heads import heldout_keep_f1, load_backbone, save_heads, train_heads
 from moe_dag.data.oracle import rubric_for_kind
 from moe_dag.data.scoring import calibrate_sources, calibration_warnings
-from moe_dag.resources import PipelineResource
+from moe_dag.orchestration.resources import PipelineResource
 
 AGREES_WITH_ORACLE = "agrees_with_oracle"
 

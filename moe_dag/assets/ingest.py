@@ -7,7 +7,7 @@ from moe_dag.assets.partitions import PER_SOURCE
 from moe_dag.assets.reporting import RECONCILES, engine_metadata, problems_result, reconcile_check_spec
 from moe_dag.data.counts import unreconciled_shards
 from moe_dag.data.ingest import ingest_source
-from moe_dag.resources import PipelineResource, RayResource
+from moe_dag.orchestration.resources import PipelineResource, RayResource
 
 LINES_IN_SHARDS = "lines_in_shards"
 

@@ -18,7 +18,7 @@ from tokenizers import Tokenizer
 
 from moe_dag.assets.plots import bars_png, png_markdown
 from moe_dag.assets.reporting import problems_result
-from moe_dag.bounds import share_error_violations
+from moe_dag.assets.bounds import share_error_violations
 from moe_dag.data.engine import StageSpec, upstream_inputs
 from moe_dag.data.engine.stages import TokenizeWork
 from moe_dag.data.mixture import SourceTokens, TokenShard, pack_mixture
@@ -26,7 +26,7 @@ from moe_dag.data.mixture.build import HELDOUT_SCHEMA
 from moe_dag.data.mixture.heldout import heldout_cut, split_at_cut
 from moe_dag.data.schema import kept_rows
 from moe_dag.data.tokenizer import eos_id, load_tokenizer, save_tokenizer, train_tokenizer
-from moe_dag.resources import PipelineResource, RayResource
+from moe_dag.orchestration.resources import PipelineResource, RayResource
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENS_STAGE = "tokenized_mixture/shards"

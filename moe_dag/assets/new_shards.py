@@ -5,7 +5,7 @@ the ledger which are new or changed (or gone). When some are, it requests one ru
 `raw_documents` partition, tagged with the shard paths; its run key names those files and their sizes
 and times, so the same new shards are requested once. `raw_documents` enters what it ingested in the
 ledger when it succeeds (`record_ingested`), so the next evaluation finds nothing new. Everything
-downstream follows by declarative automation (`moe_dag/automation.py`).
+downstream follows by declarative automation (`moe_dag/orchestration/automation.py`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import hashlib
 
 import dagster as dg
 
-from moe_dag.automation import TAG_NEW_SHARDS, run_tags, shards_tag
+from moe_dag.orchestration.automation import TAG_NEW_SHARDS, run_tags, shards_tag
 from moe_dag.config import PipelineConfig, SourceConfig
 from moe_dag.data.engine.shards import digest_text, output_digest
 from moe_dag.data.shard_ledger import LedgerChanges, ShardFile, ShardLedger, ledger_path, scan_shards

@@ -8,7 +8,7 @@ import pyarrow as pa
 from moe_dag.data.heads import calibration_sample_size
 from moe_dag.data.oracle import LabelCache, label_documents, requests_from_table, split_sample
 from moe_dag.data.schema import kept_rows
-from moe_dag.resources import PipelineResource
+from moe_dag.orchestration.resources import PipelineResource
 
 FAILURE_RATE = "failure_rate_within_bound"
 

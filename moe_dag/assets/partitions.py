@@ -2,7 +2,7 @@
 
 Per-source assets declare `partitions_def=PER_SOURCE`, a placeholder: the source names come from the
 pipeline config, and the config is read when the definitions are built (`bind_source_partitions`), never
-when a module is imported, so `import moe_dag.definitions` works from any folder.
+when a module is imported, so `import moe_dag.orchestration.definitions` works from any folder.
 
 Never one partition per shard file: Dagster slows down past a few thousand partitions, so a partition
 fans out over its shards inside the run instead.

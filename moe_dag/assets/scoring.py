@@ -1,7 +1,7 @@
 """scored_documents: the probe then (for documents that stay) the judge, with early exit.
 
 Rescoring: `quality_heads` records the heads' version as its data version, and this asset's automation
-condition (`RESCORE_ON_NEW_HEADS`, applied with the others in `moe_dag/automation.py`) requests every
+condition (`RESCORE_ON_NEW_HEADS`, applied with the others in `moe_dag/orchestration/automation.py`) requests every
 source partition when that version changes (once the `moe_dag_automation` sensor is on). Shards the
 current heads already scored (their completion record names the heads version and thresholds) are not
 scored again: a rerun with unchanged heads costs nothing.
@@ -17,7 +17,7 @@ from moe_dag.assets.reporting import decision_check_specs, decision_result, run_
 from moe_dag.data.engine import StageSpec
 from moe_dag.data.engine.stages import ScoringWork
 from moe_dag.data.heads import load_heads
-from moe_dag.resources import PipelineResource, RayResource
+from moe_dag.orchestration.resources import PipelineResource, RayResource
 
 KEEP_RATE = "keep_rate_on_target"
 

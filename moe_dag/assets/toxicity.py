@@ -9,7 +9,7 @@ from moe_dag.assets.reporting import DROP_SHARE, decision_check_specs, decision_
 from moe_dag.data.engine import StageSpec
 from moe_dag.data.engine.stages import FilterWork
 from moe_dag.data.filters import build_toxicity_filters
-from moe_dag.resources import PipelineResource, RayResource
+from moe_dag.orchestration.resources import PipelineResource, RayResource
 
 
 @dg.asset(

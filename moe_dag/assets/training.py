@@ -15,7 +15,7 @@ from moe_dag.assets.training_runs import (
     training_check_results,
     training_check_specs,
 )
-from moe_dag.resources import PipelineResource
+from moe_dag.orchestration.resources import PipelineResource
 
 EVAL_COLUMNS = {
     "source": "source",

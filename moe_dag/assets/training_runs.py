@@ -26,7 +26,7 @@ from dagster._core.errors import DagsterPipesExecutionError
 
 from moe_dag.assets.plots import bars_png, png_markdown
 from moe_dag.assets.reporting import problems_result
-from moe_dag.bounds import ChecksConfig, loss_trend, router_violations
+from moe_dag.assets.bounds import ChecksConfig, loss_trend, router_violations
 from moe_dag.config import TrainingLaunchConfig
 from moe_dag.training.data import DATA_ORDER
 from moe_dag.training.evaluate import EVAL_FILE
@@ -50,7 +50,7 @@ def training_command(
         arguments += ["--eval-on", str(eval_on)]
     for key, value in sorted(launch.overrides.items()):
         arguments += ["--set", f"{key}={value}"]
-    return [sys.executable, "-m", "moe_dag.pipes_training", *arguments]
+    return [sys.executable, "-m", "moe_dag.orchestration.pipes_training", *arguments]
 
 
 def run_dir_for(data_dir: Path, launch: TrainingLaunchConfig, root: Path) -> Path:

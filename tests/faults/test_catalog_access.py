@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 import yaml
 
-from moe_dag import cli
+from moe_dag.cli import main as cli
 from moe_dag.data.catalog import Catalog, CatalogError
 from moe_dag.data.lake import Lake
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from moe_dag.instance_health import free_dead_runs, pool_holders
-from moe_dag.pipeline import _report_pool_waits
+from moe_dag.orchestration.instance_health import free_dead_runs, pool_holders
+from moe_dag.orchestration.pipeline import _report_pool_waits
 
 pytestmark = pytest.mark.slow  # real processes, killed
 

@@ -1,7 +1,7 @@
 """Which assets need materialising: missing or stale ones, by Dagster's data-version rules, plus new shards.
 
 Dagster calls an asset (partition) stale when its code version changed since it was built, or an
-upstream's data version did (see `moe_dag/automation.py` for what the versions are made of). A root
+upstream's data version did (see `moe_dag/orchestration/automation.py` for what the versions are made of). A root
 asset has no upstream: `raw_documents` of a source also needs a run when the shard ledger finds new,
 changed or removed shards under the source's location.
 

@@ -157,5 +157,5 @@ def automation_sensor(config: PipelineConfig) -> dg.AutomationConditionSensorDef
         run_tags=run_tags(config, "automation"),
         minimum_interval_seconds=60,
         default_status=dg.DefaultSensorStatus.STOPPED,
-        description="Requests downstream assets after their upstreams update (see moe_dag/automation.py).",
+        description="Requests downstream assets after their upstreams update (see moe_dag/orchestration/automation.py).",
     )

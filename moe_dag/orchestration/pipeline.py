@@ -3,7 +3,7 @@ test run.
 
 Per-source stages run once per partition; global stages (dedup clustering, heads, mixture, training)
 run once after every source has reached them. In the UI the same order comes from the asset graph.
-Only what is missing or stale runs (`moe_dag/staleness.py`): on an unchanged lake nothing does, and
+Only what is missing or stale runs (`moe_dag/orchestration/staleness.py`): on an unchanged lake nothing does, and
 the heads do not retrain. Every run is tagged with the config version and, per source, the source.
 """
 
@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 
 import dagster as dg
 
-from moe_dag.automation import run_tags
-from moe_dag.definitions import build_definitions
-from moe_dag.instance_health import free_dead_runs, pool_holders
-from moe_dag.staleness import Staleness
+from moe_dag.orchestration.automation import run_tags
+from moe_dag.orchestration.definitions import build_definitions
+from moe_dag.orchestration.instance_health import free_dead_runs, pool_holders
+from moe_dag.orchestration.staleness import Staleness
 
 # Step events stay in the instance (and the UI); the console shows what the assets log themselves.
 QUIET_CONSOLE = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}

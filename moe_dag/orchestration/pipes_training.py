@@ -1,4 +1,4 @@
-"""`python -m moe_dag.pipes_training`: the trainer's command line, reporting to Dagster through Pipes.
+"""`python -m moe_dag.orchestration.pipes_training`: the trainer's command line, reporting to Dagster through Pipes.
 
 The `moe_proxy` asset launches this instead of `python -m moe_dag.training`, so that the training room
 stays free of Dagster. `dagster_pipes` is Dagster's small package for external processes (it does not
@@ -64,7 +64,7 @@ def pipes_reporter(enabled: bool = True) -> Iterator[Reporter]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return training_main(argv, open_reporter=pipes_reporter, module="moe_dag.pipes_training")
+    return training_main(argv, open_reporter=pipes_reporter, module="moe_dag.orchestration.pipes_training")
 
 
 if __name__ == "__main__":

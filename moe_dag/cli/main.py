@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "query":
         return print_query(args.config, args.sql, args.limit, args.format)
     if args.command in ("summary", "demo"):
-        from moe_dag.summary import format_summary
+        from moe_dag.cli.summary import format_summary
 
         print(format_summary(load_config(args.config)))
     return 0
@@ -86,7 +86,7 @@ def print_query(config_path: str, sql: str, limit: int | None = None, output: st
     """Print the query's rows; a query that cannot run prints one line on stderr and returns 2."""
     from moe_dag.data.catalog import Catalog, CatalogError
     from moe_dag.data.lake import Lake
-    from moe_dag.query_output import write_rows
+    from moe_dag.cli.query_output import write_rows
 
     config = load_config(config_path)
     try:
@@ -103,7 +103,7 @@ def print_query(config_path: str, sql: str, limit: int | None = None, output: st
 def free_stuck_runs() -> int:
     import dagster as dg
 
-    from moe_dag.instance_health import free_dead_runs
+    from moe_dag.orchestration.instance_health import free_dead_runs
 
     if not os.environ.get("DAGSTER_HOME"):
         print(
@@ -126,7 +126,7 @@ def run_all(
     else in `dagster/` beside the catalog, so that the next run knows what is up to date."""
     import dagster as dg
 
-    from moe_dag.pipeline import UnknownSourceError, materialize_all
+    from moe_dag.orchestration.pipeline import UnknownSourceError, materialize_all
 
     if os.environ.get("DAGSTER_HOME"):
         instance = dg.DagsterInstance.get()
