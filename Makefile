@@ -61,8 +61,13 @@ system-packages:
 ui: runtime
 	$(BIN)/dagster dev -h 127.0.0.1 -p 3000
 
+# Every benchmark through benchmarks/run_all.py, which records each one's last JSON line with the date,
+# commit and machine under benchmarks/results/ and regenerates the table in docs/benchmarks.md.
+# BENCH=scoring (or BENCH="scoring moe_layer") runs some; BENCH_ARGS go to the scripts.
+BENCH ?=
+BENCH_ARGS ?=
 bench: setup
-	@for script in benchmarks/*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
+	$(BIN)/python benchmarks/run_all.py $(BENCH) $(if $(BENCH_ARGS),-- $(BENCH_ARGS))
 
 lint: setup
 	$(BIN)/ruff check .
