@@ -137,7 +137,7 @@ def test_rule_oracle_ranks_clean_text_above_junk_and_is_deterministic():
     assert prose.scores["correctness"] == 4 and symbols.scores["correctness"] == 0
     assert spam.scores["correctness"] < prose.scores["correctness"]
     assert _labels([_request(PROSE)]) == [prose]
-    assert prose.model == "rules-v1" and prose.prompt_version == PROMPT_VERSION
+    assert prose.model == "rules-v2" and prose.prompt_version == PROMPT_VERSION
 
 
 def test_rule_oracle_ranks_structured_code_above_a_flat_script():
