@@ -231,7 +231,7 @@ def _pairs_of_bands(con: duckdb.DuckDBPyConnection, bands: range, config: MinHas
 
 def _jaccard(con: duckdb.DuckDBPyConnection, pairs: np.ndarray, config: MinHashConfig) -> np.ndarray:
     """The Jaccard similarity of each (a, b) row pair: estimated, or exact on the shingle sets."""
-    column = "shingles" if config.verification == "exact" else "signature"
+    column = similarity_column(config)
     view = f"pairs_{uuid.uuid4().hex}"
     con.register(view, pa.table({"i": np.arange(len(pairs)), "a": pairs[:, 0], "b": pairs[:, 1]}))
     similarity = np.empty(len(pairs), dtype=np.float64)
@@ -243,17 +243,23 @@ def _jaccard(con: duckdb.DuckDBPyConnection, pairs: np.ndarray, config: MinHashC
             """
         ).to_arrow_reader()
         for batch in reader:
-            index = batch.column("i").to_numpy()
-            if config.verification == "exact":
-                similarity[index] = [
-                    _exact_jaccard(x, y) for x, y in zip(batch["x"], batch["y"], strict=True)
-                ]
-            else:
-                x, y = (_matrix(batch.column(name), config.num_hashes) for name in ("x", "y"))
-                similarity[index] = (x == y).mean(axis=1)
+            similarity[batch.column("i").to_numpy()] = pair_similarity(batch["x"], batch["y"], config)
     finally:
         con.unregister(view)
     return similarity
+
+
+def pair_similarity(x: pa.Array, y: pa.Array, config: MinHashConfig) -> np.ndarray:
+    """The Jaccard similarity of each (x[i], y[i]): estimated from signatures (equal rows / K), or exact
+    on shingle sets with `verification: exact` (the column `similarity_column` names)."""
+    if config.verification == "exact":
+        return np.array([_exact_jaccard(a, b) for a, b in zip(x, y, strict=True)], dtype=np.float64)
+    return (_matrix(x, config.num_hashes) == _matrix(y, config.num_hashes)).mean(axis=1)
+
+
+def similarity_column(config: MinHashConfig) -> str:
+    """The signature column that verification compares."""
+    return "shingles" if config.verification == "exact" else "signature"
 
 
 def _matrix(lists: pa.ListArray, width: int) -> np.ndarray:

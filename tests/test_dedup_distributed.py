@@ -1,0 +1,146 @@
+"""Partitioned clustering (moe_dag/data/dedup/partitioned.py) gives the clusters of the single-process
+reference, `find_duplicate_clusters`, however the signatures are split into parts and shuffles; and the
+cluster files feed `deduplicated` shard by shard."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from moe_dag.data.dedup import MinHashConfig, compute_signatures, find_duplicate_clusters
+from moe_dag.data.dedup.clusters import _components
+from moe_dag.data.dedup.partitioned import (
+    InProcess,
+    Part,
+    SignatureFile,
+    cluster_file_name,
+    cluster_partitioned,
+    edge_partition,
+    merge_labels,
+)
+from moe_dag.data.lake import Lake
+
+CONFIG = MinHashConfig()
+SOURCES = ["reference", "web", "code"]
+WORDS = [f"w{i}" for i in range(300)]
+
+
+def chain(seed: int, length: int, words: int = 200) -> list[str]:
+    """Texts each one word away from the previous (word-5-gram Jaccard ~0.95 between neighbours), so
+    the ends of a long chain are far apart and join only through the middle."""
+    rng = random.Random(seed)
+    text = [rng.choice(WORDS) for _ in range(words)]
+    texts = [" ".join(text)]
+    for _ in range(length - 1):
+        text[rng.randrange(words)] = rng.choice(WORDS)
+        texts.append(" ".join(text))
+    return texts
+
+
+def corpus(seed: int) -> pa.Table:
+    """Chains up to 12 long, exact copies (also across sources), singletons; rows shuffled over sources."""
+    rng = random.Random(seed)
+    texts = []
+    for c in range(6):
+        texts += chain(seed * 100 + c, rng.randint(1, 12))
+    texts += [texts[rng.randrange(len(texts))] for _ in range(5)]  # exact copies
+    texts += [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 60))) for _ in range(10)]
+    rng.shuffle(texts)
+    sources = [rng.choice(SOURCES) for _ in texts]
+    ids = [f"{source}/d{rng.randrange(10**6):06d}-{i}" for i, source in enumerate(sources)]
+    return pa.table({"id": ids, "source": sources, "text": texts})
+
+
+def write_signatures(lake: Lake, signatures: pa.Table, shards: int, rng: random.Random) -> None:
+    for source in SOURCES:
+        rows = signatures.filter(pc.equal(signatures["source"], source))
+        cuts = sorted(rng.randint(0, rows.num_rows) for _ in range(shards - 1))
+        for key, (a, b) in enumerate(zip([0, *cuts], [*cuts, rows.num_rows], strict=True)):
+            lake.write_file(rows.slice(a, b - a), lake.shard_path("minhash_signatures", source, f"s{key}"))
+
+
+def sorted_rows(table: pa.Table) -> list[dict]:
+    rows = table.to_pylist()
+    for row in rows:
+        if row["jaccard"] is not None:
+            row["jaccard"] = round(row["jaccard"], 5)
+    return sorted(rows, key=lambda row: row["id"])
+
+
+@pytest.mark.parametrize(("seed", "parts", "shuffles"), [(0, 1, 1), (1, 3, 2), (2, 7, 5), (3, 12, 3)])
+def test_partitioned_clusters_equal_the_single_process_reference(tmp_path, seed, parts, shuffles):
+    signatures = compute_signatures(corpus(seed), CONFIG)
+    lake = Lake(tmp_path / "lake")
+    write_signatures(lake, signatures, shards=4, rng=random.Random(seed))
+    reference = find_duplicate_clusters(signatures, CONFIG, SOURCES)
+    assert reference.filter(pc.invert(reference["is_survivor"])).num_rows > 10
+    result = cluster_partitioned(lake, SOURCES, CONFIG, parts=parts, shuffle_partitions=shuffles)
+    written = lake.read_table("dedup_clusters")
+    assert result.rows == written.num_rows == signatures.num_rows
+    assert sorted_rows(written) == sorted_rows(reference)
+    # One file per signature shard, rows in the shard's order.
+    shard = lake.read_file(lake.shard_path("minhash_signatures", "web", "s1"), ["id"])
+    clusters = lake.read_file(f"{lake.dataset_dir('dedup_clusters')}/{cluster_file_name('web', 's1')}")
+    assert clusters["id"].equals(shard["id"])
+
+
+def test_exact_verification_also_equals_the_reference(tmp_path):
+    config = MinHashConfig(verification="exact")
+    signatures = compute_signatures(corpus(5), config)
+    lake = Lake(tmp_path / "lake")
+    write_signatures(lake, signatures, shards=3, rng=random.Random(5))
+    cluster_partitioned(lake, SOURCES, config, parts=4, shuffle_partitions=3)
+    reference = find_duplicate_clusters(signatures, config, SOURCES)
+    assert sorted_rows(lake.read_table("dedup_clusters")) == sorted_rows(reference)
+
+
+def test_rewriting_removes_cluster_files_of_gone_shards(tmp_path):
+    signatures = compute_signatures(corpus(6), CONFIG)
+    lake = Lake(tmp_path / "lake")
+    write_signatures(lake, signatures, shards=3, rng=random.Random(6))
+    cluster_partitioned(lake, SOURCES, CONFIG, parts=2)
+    lake.remove_shard("minhash_signatures", "web", "s2")
+    result = cluster_partitioned(lake, SOURCES, CONFIG, parts=2)
+    assert sorted(lake.parquet_files("dedup_clusters")) == sorted(result.files)
+    assert cluster_file_name("web", "s2") not in " ".join(result.files)
+
+
+def label_parts(sizes: list[int]) -> list[Part]:
+    parts, start = [], 0
+    for i, size in enumerate(sizes):
+        parts.append(Part((SignatureFile(path="", source="s", key=f"k{i}", rows=size),), start))
+        start += size
+    return parts
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 12), min_size=1, max_size=6),
+    data=st.data(),
+)
+def test_label_rounds_find_the_components_of_any_graph(sizes, data):
+    """Random edges, plus a long chain visiting the nodes in random order (so it crosses partitions at
+    almost every step), spread over random edge partitions: the labels are the smallest node of each
+    component, as single-process union-find gives."""
+    nodes = sum(sizes)
+    pair = st.tuples(st.integers(0, nodes - 1), st.integers(0, nodes - 1))
+    edges = data.draw(st.lists(pair, max_size=3 * nodes))
+    order = data.draw(st.permutations(range(nodes)))
+    length = data.draw(st.integers(0, nodes))
+    edges += list(zip(order[: max(0, length - 1)], order[1:length], strict=True))
+    edges = np.array(edges, dtype=np.int64).reshape(-1, 2)
+    parts = label_parts(sizes)
+    starts = np.array([p.start for p in parts])
+    owner = np.array(
+        data.draw(st.lists(st.integers(0, len(parts) - 1), min_size=len(edges), max_size=len(edges)))
+    )
+    partitions = [edge_partition(edges[owner == g], starts) for g in range(len(parts))]
+    labels, rounds, _ = merge_labels(InProcess(), parts, partitions)
+    expected = _components(np.arange(nodes, dtype=np.int64), edges)
+    assert np.array_equal(np.concatenate(labels), expected)
