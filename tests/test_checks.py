@@ -19,7 +19,6 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from moe_dag.assets.training_runs import LOSS_FALLING, ROUTER_HEALTHY, training_check_results
 from moe_dag.assets.bounds import (
     ChecksConfig,
     drop_share_violations,
@@ -28,6 +27,7 @@ from moe_dag.assets.bounds import (
     head_agreement_violations,
     share_error_violations,
 )
+from moe_dag.assets.training_runs import LOSS_FALLING, ROUTER_HEALTHY, training_check_results
 from moe_dag.config import load_config
 from moe_dag.data.counts import count_shard_lines, slice_counts
 from moe_dag.data.lake import Lake

@@ -67,7 +67,10 @@ def test_importing_the_definitions_reads_no_config(tmp_path, monkeypatch):
 
     monkeypatch.setenv("MOE_DAG_CONFIG", str(tmp_path / "missing.yaml"))
     imported = subprocess.run(
-        [sys.executable, "-c", "import moe_dag.orchestration.definitions"], cwd=tmp_path, capture_output=True, text=True
+        [sys.executable, "-c", "import moe_dag.orchestration.definitions"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
     )
     assert imported.returncode == 0, imported.stderr
     with pytest.raises(FileNotFoundError, match="missing.yaml"):

@@ -16,9 +16,9 @@ import pytest
 from test_dedup_backfill import SOURCES, pipeline_config, sentence_text, write_shard
 
 from moe_dag.cli import main as cli
+from moe_dag.config import load_config
 from moe_dag.orchestration import pipeline
 from moe_dag.orchestration.automation import TAG_CONFIG_VERSION, TAG_NEW_SHARDS, TAG_SOURCE, config_version
-from moe_dag.config import load_config
 from moe_dag.orchestration.definitions import build_definitions
 from moe_dag.orchestration.staleness import Staleness
 

@@ -4,8 +4,8 @@ import duckdb
 import yaml
 
 from moe_dag.cli import main as cli
-from moe_dag.config import load_config
 from moe_dag.cli.summary import format_summary
+from moe_dag.config import load_config
 
 
 def write_config(tmp_path):

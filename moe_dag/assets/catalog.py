@@ -2,6 +2,7 @@
 
 import dagster as dg
 
+from moe_dag.assets.operating import operated
 from moe_dag.data.catalog import LAKE_STAGES, Catalog, chain_breaks
 from moe_dag.orchestration.resources import PipelineResource
 
@@ -10,6 +11,7 @@ from moe_dag.orchestration.resources import PipelineResource
     group_name="quality",
     kinds={"duckdb"},
     deps=["scored_documents"],
+    metadata=operated(1),
     pool="duckdb_catalog",
     check_specs=[dg.AssetCheckSpec("stages_chain", asset="document_catalog", blocking=True)],
 )

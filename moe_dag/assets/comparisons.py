@@ -20,6 +20,7 @@ import dagster as dg
 import pyarrow.parquet as pq
 
 from moe_dag.assets.mixture import TOKENIZER_FILE
+from moe_dag.assets.operating import operated
 from moe_dag.assets.plots import curves_png, png_markdown
 from moe_dag.assets.training_runs import (
     bits_per_byte_plot,
@@ -54,6 +55,7 @@ GAIN_COLUMNS = {
     group_name="comparisons",
     kinds={"numpy"},
     deps=["raw_documents", "dedup_clusters", "tokenizer", "tokenized_mixture"],
+    metadata=operated(1, "mixture"),
 )
 def unfiltered_mixture(pipeline: PipelineResource) -> dg.MaterializeResult:
     """Every ingested document (no filters, dedup or quality heads) packed like the curated mixture, to
@@ -86,7 +88,13 @@ def unfiltered_mixture(pipeline: PipelineResource) -> dg.MaterializeResult:
     )
 
 
-@dg.asset(group_name="comparisons", kinds={"pytorch"}, deps=["unfiltered_mixture", "proxy_eval"], pool="gpu")
+@dg.asset(
+    group_name="comparisons",
+    kinds={"pytorch"},
+    deps=["unfiltered_mixture", "proxy_eval"],
+    pool="gpu",
+    metadata=operated(1, "training"),
+)
 def curation_gain(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
     """The proxy trained on the unfiltered mixture for the same steps, against the curated proxy on the
     curated held-out documents: gain = unfiltered bits per byte - curated bits per byte."""
@@ -97,7 +105,13 @@ def curation_gain(context: dg.AssetExecutionContext, pipeline: PipelineResource)
     return _comparison(latest_run(lake.artifact_dir("moe_proxy")), run_dir, "curated", "unfiltered")
 
 
-@dg.asset(group_name="comparisons", kinds={"pytorch"}, deps=["tokenized_mixture", "proxy_eval"], pool="gpu")
+@dg.asset(
+    group_name="comparisons",
+    kinds={"pytorch"},
+    deps=["tokenized_mixture", "proxy_eval"],
+    pool="gpu",
+    metadata=operated(1, "training"),
+)
 def moe_gain(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
     """A dense model with the proxy's active parameters, trained like it on the curated mixture, against
     the MoE proxy on the held-out documents: gain = dense bits per byte - MoE bits per byte."""

@@ -19,6 +19,7 @@ import time
 import dagster as dg
 import pyarrow.compute as pc
 
+from moe_dag.assets.operating import operated
 from moe_dag.assets.partitions import PER_SOURCE
 from moe_dag.assets.plots import bars_png, png_markdown
 from moe_dag.assets.reporting import (
@@ -46,7 +47,13 @@ VERSIONS = "cluster_versions"  # dedup_clusters metadata: {source: version}
 VERSION_COLUMNS = ["id", "source", "cluster_id", "match"]  # what a version is computed from
 
 
-@dg.asset(partitions_def=PER_SOURCE, group_name="curation", kinds={"parquet", "ray"}, deps=["prefiltered"])
+@dg.asset(
+    partitions_def=PER_SOURCE,
+    group_name="curation",
+    kinds={"parquet", "ray"},
+    deps=["prefiltered"],
+    metadata=operated(1, "dedup"),
+)
 def minhash_signatures(
     context: dg.AssetExecutionContext, pipeline: PipelineResource, ray: RayResource
 ) -> dg.MaterializeResult:
@@ -68,6 +75,8 @@ def minhash_signatures(
     group_name="curation",
     kinds={"duckdb", "parquet"},
     deps=["minhash_signatures"],
+    # the order of the sources is the survivor priority
+    metadata=operated(1, "dedup", "source_names", started_by="dedup_consistency"),
     check_specs=[dg.AssetCheckSpec("one_row_per_document", asset="dedup_clusters", blocking=True)],
 )
 def dedup_clusters(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
@@ -112,6 +121,7 @@ def dedup_clusters(context: dg.AssetExecutionContext, pipeline: PipelineResource
     group_name="curation",
     kinds={"parquet"},
     deps=["prefiltered", "dedup_clusters"],
+    metadata=operated(1, started_by="dedup_consistency"),
     check_specs=decision_check_specs("deduplicated", DUPLICATE_SHARE),
 )
 def deduplicated(

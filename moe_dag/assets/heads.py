@@ -7,9 +7,10 @@ import time
 import dagster as dg
 import pyarrow as pa
 
+from moe_dag.assets.bounds import head_agreement_violations
+from moe_dag.assets.operating import operated
 from moe_dag.assets.plots import bars_png, png_markdown, scatter_png
 from moe_dag.assets.reporting import problems_result
-from moe_dag.assets.bounds import head_agreement_violations
 from moe_dag.data.heads import heldout_keep_f1, load_backbone, save_heads, train_heads
 from moe_dag.data.oracle import rubric_for_kind
 from moe_dag.data.scoring import calibrate_sources, calibration_warnings
@@ -22,6 +23,7 @@ AGREES_WITH_ORACLE = "agrees_with_oracle"
     group_name="quality",
     kinds={"pytorch", "safetensors"},
     deps=["oracle_labels", "oracle_sample"],
+    metadata=operated(1, "backbone", "heads", "calibration", "sources.kind", "sources.keep_rate"),
     pool="gpu",
     check_specs=[
         dg.AssetCheckSpec(

@@ -2,11 +2,14 @@
 
 import dagster as dg
 
-from moe_dag.assets.new_shards import raw_data_version, record_ingested
+from moe_dag.assets.operating import operated
 from moe_dag.assets.partitions import PER_SOURCE
 from moe_dag.assets.reporting import RECONCILES, engine_metadata, problems_result, reconcile_check_spec
+from moe_dag.config import PipelineConfig
 from moe_dag.data.counts import unreconciled_shards
+from moe_dag.data.engine.shards import digest_text, output_digest
 from moe_dag.data.ingest import ingest_source
+from moe_dag.data.shard_ledger import LedgerChanges, ShardLedger, ledger_path, scan_shards
 from moe_dag.orchestration.resources import PipelineResource, RayResource
 
 LINES_IN_SHARDS = "lines_in_shards"
@@ -15,6 +18,8 @@ LINES_IN_SHARDS = "lines_in_shards"
 @dg.asset(
     partitions_def=PER_SOURCE,
     group_name="curation",
+    # the shards themselves are the input: the ledger and the data version track them
+    metadata=operated(1, started_by="new_shards_<source>"),
     kinds={"parquet"},
     check_specs=[
         reconcile_check_spec("raw_documents"),
@@ -64,3 +69,20 @@ def raw_documents(
             ),
         ],
     )
+
+
+def record_ingested(
+    context: dg.AssetExecutionContext, config: PipelineConfig, source: str, records: dict[str, dict]
+) -> LedgerChanges:
+    """Enter the shards `raw_documents` just ingested (the inputs of its completion `records`)."""
+    location = config.source(source).shards
+    ingested = {record["input"] for record in records.values()}
+    shards = [shard for shard in scan_shards(location) if shard.path in ingested]
+    changes = ShardLedger(ledger_path(config.catalog_path)).record(source, shards, context.run.run_id)
+    context.log.info(f"shard ledger [{source}]: {changes.describe()}")
+    return changes
+
+
+def raw_data_version(records: dict[str, dict]) -> dg.DataVersion:
+    """The source's ingested data: a digest over its finished shards' output digests."""
+    return dg.DataVersion(digest_text(*(f"{key}={output_digest(r)}" for key, r in sorted(records.items()))))

@@ -16,9 +16,10 @@ import dagster as dg
 import pyarrow as pa
 from tokenizers import Tokenizer
 
+from moe_dag.assets.bounds import share_error_violations
+from moe_dag.assets.operating import operated
 from moe_dag.assets.plots import bars_png, png_markdown
 from moe_dag.assets.reporting import problems_result
-from moe_dag.assets.bounds import share_error_violations
 from moe_dag.data.engine import StageSpec, upstream_inputs
 from moe_dag.data.engine.stages import TokenizeWork
 from moe_dag.data.mixture import SourceTokens, TokenShard, pack_mixture
@@ -33,7 +34,13 @@ TOKENS_STAGE = "tokenized_mixture/shards"
 HELDOUT_STAGE = "tokenized_mixture/heldout"
 
 
-@dg.asset(group_name="training", kinds={"huggingface"}, deps=["scored_documents"])
+@dg.asset(
+    group_name="training",
+    kinds={"huggingface"},
+    deps=["scored_documents"],
+    # the held-out cut comes from the mixture config
+    metadata=operated(1, "tokenizer", "mixture"),
+)
 def tokenizer(pipeline: PipelineResource) -> dg.MaterializeResult:
     """A byte-level BPE tokenizer trained on the kept documents of training, streamed from the lake: the
     documents the mixture holds out for evaluation (the same cut) never reach it."""
@@ -111,6 +118,7 @@ def _heldout_cuts(pipeline: PipelineResource) -> dict[str, int | None]:
     group_name="training",
     kinds={"numpy", "ray"},
     deps=["tokenizer", "scored_documents"],
+    metadata=operated(1, "mixture"),
     check_specs=[
         dg.AssetCheckSpec(
             "target_shares_met",

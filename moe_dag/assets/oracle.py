@@ -5,6 +5,7 @@ import time
 import dagster as dg
 import pyarrow as pa
 
+from moe_dag.assets.operating import operated
 from moe_dag.data.heads import calibration_sample_size
 from moe_dag.data.oracle import LabelCache, label_documents, requests_from_table, split_sample
 from moe_dag.data.schema import kept_rows
@@ -13,7 +14,12 @@ from moe_dag.orchestration.resources import PipelineResource
 FAILURE_RATE = "failure_rate_within_bound"
 
 
-@dg.asset(group_name="quality", kinds={"parquet"}, deps=["toxicity_filtered"])
+@dg.asset(
+    group_name="quality",
+    kinds={"parquet"},
+    deps=["toxicity_filtered"],
+    metadata=operated(1, "oracle.per_source", "oracle.seed", "calibration", "sources.keep_rate"),
+)
 def oracle_sample(pipeline: PipelineResource) -> dg.MaterializeResult:
     """Documents to label and, disjoint from them, documents to calibrate thresholds on, per source.
 
@@ -51,6 +57,7 @@ def oracle_sample(pipeline: PipelineResource) -> dg.MaterializeResult:
     group_name="quality",
     kinds={"parquet"},
     deps=["oracle_sample"],
+    metadata=operated(1, "oracle", "sources.kind"),
     pool="gpu",
     # A server that is down or overloaded: try the whole stage again after 10, 20, 40 s (the label cache
     # keeps what earlier tries paid for). Single requests are retried inside `label_documents`.

@@ -4,6 +4,7 @@ import functools
 
 import dagster as dg
 
+from moe_dag.assets.operating import operated
 from moe_dag.assets.partitions import PER_SOURCE
 from moe_dag.assets.reporting import DROP_SHARE, decision_check_specs, decision_result, run_source_stage
 from moe_dag.data.engine import StageSpec
@@ -17,6 +18,7 @@ from moe_dag.orchestration.resources import PipelineResource, RayResource
     group_name="curation",
     kinds={"parquet", "ray"},
     deps=["raw_documents"],
+    metadata=operated(1, "prefilter", "sources.kind", "sources.languages", "sources.prefilter"),
     check_specs=decision_check_specs("prefiltered", DROP_SHARE),
 )
 def prefiltered(
@@ -29,7 +31,7 @@ def prefiltered(
     filters = fit_to_source(
         build_prefilters(config, source.kind, source.languages),
         pipeline.lake.iter_batches("raw_documents", source.name),
-        config.perplexity_sample_documents,
+        config.perplexity.sample_documents,
     )
     cuts = {f.name: f.cuts for f in filters if f.whole_table}
     context.log.info(f"fitted on the source: {cuts}")

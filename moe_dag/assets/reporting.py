@@ -12,7 +12,12 @@ from __future__ import annotations
 
 import dagster as dg
 
-from moe_dag.assets.bounds import ChecksConfig, drop_share_violations, duplicate_share_violation, emptied_source
+from moe_dag.assets.bounds import (
+    ChecksConfig,
+    drop_share_violations,
+    duplicate_share_violation,
+    emptied_source,
+)
 from moe_dag.data.counts import slice_counts
 from moe_dag.data.engine import StageRun, StageSpec, upstream_inputs
 from moe_dag.orchestration.resources import PipelineResource, RayResource

@@ -1,17 +1,17 @@
 """scored_documents: the probe then (for documents that stay) the judge, with early exit.
 
 Rescoring: `quality_heads` records the heads' version as its data version, and this asset's automation
-condition (`RESCORE_ON_NEW_HEADS`, applied with the others in `moe_dag/orchestration/automation.py`) requests every
-source partition when that version changes (once the `moe_dag_automation` sensor is on). Shards the
-current heads already scored (their completion record names the heads version and thresholds) are not
+condition (`RESCORE_ON_NEW_HEADS`, declared on the asset) requests every source partition when that
+version changes (once the `moe_dag_automation` sensor is on). Shards the current heads already scored (their completion record names the heads version and thresholds) are not
 scored again: a rerun with unchanged heads costs nothing.
-The weekly schedule in `definitions.py` stays.
+The weekly schedule in `moe_dag/orchestration/definitions.py` stays.
 """
 
 import functools
 
 import dagster as dg
 
+from moe_dag.assets.operating import FOLLOW_UPSTREAM, operated
 from moe_dag.assets.partitions import PER_SOURCE
 from moe_dag.assets.reporting import decision_check_specs, decision_result, run_source_stage
 from moe_dag.data.engine import StageSpec
@@ -35,6 +35,9 @@ RESCORE_ON_NEW_HEADS = (
     group_name="quality",
     kinds={"pytorch", "parquet", "ray"},
     deps=["toxicity_filtered", "quality_heads"],
+    metadata=operated(1, "backbone"),
+    automation_condition=FOLLOW_UPSTREAM.ignore(dg.AssetSelection.assets("quality_heads"))
+    | RESCORE_ON_NEW_HEADS,
     pool="gpu",
     check_specs=[
         *decision_check_specs("scored_documents"),

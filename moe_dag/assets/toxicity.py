@@ -4,6 +4,7 @@ import functools
 
 import dagster as dg
 
+from moe_dag.assets.operating import operated
 from moe_dag.assets.partitions import PER_SOURCE
 from moe_dag.assets.reporting import DROP_SHARE, decision_check_specs, decision_result, run_source_stage
 from moe_dag.data.engine import StageSpec
@@ -17,6 +18,7 @@ from moe_dag.orchestration.resources import PipelineResource, RayResource
     group_name="curation",
     kinds={"parquet", "ray"},
     deps=["deduplicated"],
+    metadata=operated(1, "toxicity", "sources.kind"),
     check_specs=decision_check_specs("toxicity_filtered", DROP_SHARE),
 )
 def toxicity_filtered(

@@ -3,6 +3,7 @@
 import dagster as dg
 import pyarrow as pa
 
+from moe_dag.assets.operating import operated
 from moe_dag.assets.training_runs import (
     bits_per_byte_plot,
     evaluation_rows,
@@ -31,6 +32,7 @@ EVAL_COLUMNS = {
     group_name="training",
     kinds={"pytorch"},
     deps=["tokenized_mixture"],
+    metadata=operated(1, "training"),
     pool="gpu",
     check_specs=training_check_specs("moe_proxy"),
 )
@@ -49,7 +51,13 @@ def moe_proxy(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> 
     )
 
 
-@dg.asset(group_name="training", kinds={"pytorch", "parquet"}, deps=["moe_proxy"], pool="duckdb_catalog")
+@dg.asset(
+    group_name="training",
+    kinds={"pytorch", "parquet"},
+    deps=["moe_proxy"],
+    pool="duckdb_catalog",
+    metadata=operated(1),
+)
 def proxy_eval(pipeline: PipelineResource) -> dg.MaterializeResult:
     """Held-out loss and bits per byte of the proxy per source, each with its document count and a 95%
     interval over documents; computed by the training process (eval.json), published to the catalog."""

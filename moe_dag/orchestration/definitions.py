@@ -21,11 +21,11 @@ from moe_dag.assets import (
     toxicity,
     training,
 )
-from moe_dag.assets.new_shards import new_shards_sensor
 from moe_dag.assets.partitions import bind_source_partitions
-from moe_dag.orchestration.automation import automation_sensor, run_tags, with_operating_attributes
 from moe_dag.config import PipelineConfig, config_path_from_env, load_config
+from moe_dag.orchestration.automation import automation_sensor, run_tags, with_operating_attributes
 from moe_dag.orchestration.instance_health import free_dead_runs
+from moe_dag.orchestration.new_shards import new_shards_sensor
 from moe_dag.orchestration.resources import PipelineResource, RayResource
 
 ASSET_MODULES = [

@@ -17,7 +17,8 @@ import os
 from dataclasses import dataclass
 
 import dagster as dg
-from dagster._core.launcher import DefaultRunLauncher
+
+from moe_dag.orchestration.dagster_internals import launches_local_processes
 
 ACTIVE_STATUSES = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
 
@@ -38,7 +39,7 @@ def free_dead_runs(instance: dg.DagsterInstance) -> list[str]:
 
     Returns one line per run freed. Safe to call at any time: live runs are left alone.
     """
-    if not isinstance(instance.run_launcher, DefaultRunLauncher):
+    if not launches_local_processes(instance):
         return []
     freed = []
     storage = instance.event_log_storage

@@ -2,9 +2,9 @@
 test run.
 
 Per-source stages run once per partition; global stages (dedup clustering, heads, mixture, training)
-run once after every source has reached them. In the UI the same order comes from the asset graph.
-Only what is missing or stale runs (`moe_dag/orchestration/staleness.py`): on an unchanged lake nothing does, and
-the heads do not retrain. Every run is tagged with the config version and, per source, the source.
+run once after every source has reached them; the stages are derived from the asset graph (`stages`).
+Only what is missing or stale runs (`moe_dag/orchestration/staleness.py`): on an unchanged lake nothing
+does, and the heads do not retrain. Every run is tagged with the config version and, per source, the source.
 """
 
 from __future__ import annotations
@@ -23,18 +23,50 @@ from moe_dag.orchestration.staleness import Staleness
 # Step events stay in the instance (and the UI); the console shows what the assets log themselves.
 QUIET_CONSOLE = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 
-# Two more training runs: skipped when the config says `comparisons: false`.
-COMPARISONS = ["unfiltered_mixture", "curation_gain", "moe_gain"]
-# (assets, per source?) in dependency order.
-STAGES: list[tuple[list[str], bool]] = [
-    (["raw_documents", "prefiltered", "minhash_signatures"], True),
-    (["dedup_clusters"], False),
-    (["deduplicated", "toxicity_filtered"], True),
-    (["oracle_sample", "oracle_labels", "quality_heads"], False),
-    (["scored_documents"], True),
-    (["document_catalog", "tokenizer", "tokenized_mixture", "moe_proxy", "proxy_eval"], False),
-    (COMPARISONS, False),
-]
+# The group of the baselines' training runs, which `comparisons: false` skips.
+COMPARISONS = "comparisons"
+
+
+@dataclass(frozen=True)
+class Stage:
+    """Assets materialised together, in dependency order: per source (one run per partition), or once."""
+
+    assets: list[str]
+    per_source: bool
+    comparisons: bool = False  # the baselines' training runs, skipped unless asked for
+
+
+def stages(definitions: dg.Definitions) -> list[Stage]:
+    """The graph's assets as alternating stages of per-source and global assets, derived from the asset
+    definitions: a stage takes every asset whose upstreams are done and whose partitioning matches, in
+    definition order, until none is left. The comparisons group comes after everything else."""
+    graph = definitions.resolve_asset_graph()
+    nodes = [graph.get(spec.key) for asset in definitions.assets for spec in asset.specs]
+    done: set[dg.AssetKey] = set()
+    result: list[Stage] = []
+    for comparisons in (False, True):
+        group = [node for node in nodes if (node.group_name == COMPARISONS) == comparisons]
+        per_source, idle = True, 0
+        while any(node.key not in done for node in group):
+            stage = _take_ready(group, done, per_source)
+            idle = 0 if stage else idle + 1
+            if idle == 2:
+                raise ValueError(f"assets wait on upstreams outside the graph: {[n.key for n in group]}")
+            if stage:
+                result.append(Stage(stage, per_source, comparisons))
+            per_source = not per_source
+    return result
+
+
+def _take_ready(nodes: list, done: set[dg.AssetKey], per_source: bool) -> list[str]:
+    """Every node partitioned as `per_source` says whose upstreams are `done`, repeatedly; marks them done."""
+    taken: list[str] = []
+    ready = [node for node in nodes if node.key not in done]
+    while ready := [n for n in ready if n.is_partitioned == per_source and n.parent_keys <= done]:
+        done.update(node.key for node in ready)
+        taken += [node.key.to_user_string() for node in ready]
+        ready = [node for node in nodes if node.key not in done]
+    return taken
 
 
 class UnknownSourceError(ValueError):
@@ -76,8 +108,9 @@ def materialize_all(
     launched_by = "moe-dag run" + (" --force" if force else "") + (" --source" if sources else "")
     run = PipelineRun(seconds=0.0)
     started = time.perf_counter()
-    for keys, per_source in STAGES:
-        if keys is COMPARISONS and not (config.comparisons if comparisons is None else comparisons):
+    for stage in stages(definitions):
+        keys, per_source = stage.assets, stage.per_source
+        if stage.comparisons and not (config.comparisons if comparisons is None else comparisons):
             log(f"{', '.join(keys)}: skipped (comparisons: false in {config.path}; --comparisons runs them)")
             continue
         pools = set().union(*(graph.get(dg.AssetKey(key)).pools or set() for key in keys))
@@ -120,14 +153,17 @@ def _needs_run(
     definitions: dg.Definitions,
     log: Callable[[str], None],
 ) -> list[str]:
-    """The first of `keys` that is missing or stale, and every key after it (they depend on it)."""
+    """The `keys` that are missing or stale, and those downstream of them within the stage."""
     staleness = Staleness(instance, definitions, definitions.resources["pipeline"].config)
-    for index, key in enumerate(keys):
-        reason = staleness.reason(key, partition)
-        if reason is not None:
+    graph = definitions.resolve_asset_graph()
+    todo: list[str] = []
+    for key in keys:
+        if graph.get(dg.AssetKey(key)).parent_keys & {dg.AssetKey(done) for done in todo}:
+            todo.append(key)
+        elif (reason := staleness.reason(key, partition)) is not None:
             log(f"{key}{f' [{partition}]' if partition else ''}: {reason}")
-            return keys[index:]
-    return []
+            todo.append(key)
+    return todo
 
 
 def _report_pool_waits(instance: dg.DagsterInstance, pools: set[str], log: Callable[[str], None]) -> None:

@@ -1,4 +1,5 @@
-"""`python -m moe_dag.orchestration.pipes_training`: the trainer's command line, reporting to Dagster through Pipes.
+"""`python -m moe_dag.orchestration.pipes_training`: the trainer's command line, reporting to Dagster
+through Pipes.
 
 The `moe_proxy` asset launches this instead of `python -m moe_dag.training`, so that the training room
 stays free of Dagster. `dagster_pipes` is Dagster's small package for external processes (it does not

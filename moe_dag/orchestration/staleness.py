@@ -1,38 +1,30 @@
 """Which assets need materialising: missing or stale ones, by Dagster's data-version rules, plus new shards.
 
 Dagster calls an asset (partition) stale when its code version changed since it was built, or an
-upstream's data version did (see `moe_dag/orchestration/automation.py` for what the versions are made of). A root
-asset has no upstream: `raw_documents` of a source also needs a run when the shard ledger finds new,
-changed or removed shards under the source's location.
+upstream's data version did (see `moe_dag/orchestration/automation.py` for what the versions are made
+of). A root asset has no upstream: `raw_documents` of a source also needs a run when the shard ledger
+finds new, changed or removed shards under the source's location.
 
 Dagster exposes stale status publicly only in the UI and GraphQL ("Materialize stale and missing"); this
-module uses the resolver behind them, `CachingStaleStatusResolver`, in this one place.
+module uses the resolver behind them, through `dagster_internals`.
 """
 
 from __future__ import annotations
 
 import dagster as dg
-from dagster._core.asset_graph_view.asset_graph_view import AssetGraphView, TemporalContext
-from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
-from dagster._time import get_current_datetime
 
 from moe_dag.assets.dedup import VERSIONS
 from moe_dag.config import PipelineConfig
 from moe_dag.data.dedup import CLUSTER_VERSION
 from moe_dag.data.shard_ledger import LedgerChanges, ShardLedger, ledger_path, scan_shards
+from moe_dag.orchestration.dagster_internals import StaleStatus, stale_status_resolver
 
 
 class Staleness:
     """Answers for the instance's state at the time of asking: build one after each run."""
 
     def __init__(self, instance: dg.DagsterInstance, definitions: dg.Definitions, config: PipelineConfig):
-        graph = definitions.resolve_asset_graph()
-        view = AssetGraphView(
-            temporal_context=TemporalContext(effective_dt=get_current_datetime(), last_event_id=None),
-            instance=instance,
-            asset_graph=graph,
-        )
-        self.resolver = CachingStaleStatusResolver(instance, graph, view)
+        self.resolver = stale_status_resolver(instance, definitions)
         self.instance, self.config = instance, config
 
     def reason(self, asset: str, partition: str | None) -> str | None:

@@ -8,8 +8,8 @@ process; `torchrun --nproc-per-node N -m moe_dag.training ...` does the same by 
 scores the final checkpoint on DIR's held-out documents right after training, on the device the run
 trained on, and writes `eval.json` and `eval_documents.parquet` into the run folder.
 
-`python -m moe_dag.orchestration.pipes_training` is the same command reporting to Dagster (what the `moe_proxy` asset
-launches): rank 0 streams its log to Dagster and reports the final figures as the asset's
+`python -m moe_dag.orchestration.pipes_training` is the same command reporting to Dagster (what the
+`moe_proxy` asset launches): rank 0 streams its log to Dagster and reports the final figures as the asset's
 materialization. A launcher that sets $MOE_DAG_LAUNCHER_PID takes the
 trainer down with it (see lifeline.py). Exit status 2: the run folder is in use by another trainer.
 """

@@ -1,8 +1,8 @@
 """Where a run's final figures go besides its run folder: nowhere, unless the launcher says otherwise.
 
 `python -m moe_dag.training` reports to no one. A launcher that wants the figures (Dagster, through
-`moe_dag/orchestration/pipes_training.py`) runs the same `main` with its own `open_reporter`; this room never imports
-Dagster, not even its Pipes package.
+`moe_dag/orchestration/pipes_training.py`) runs the same `main` with its own `open_reporter`; this room
+never imports Dagster, not even its Pipes package.
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@
 the ledger which are new or changed (or gone). When some are, it requests one run of that source's
 `raw_documents` partition, tagged with the shard paths; its run key names those files and their sizes
 and times, so the same new shards are requested once. `raw_documents` enters what it ingested in the
-ledger when it succeeds (`record_ingested`), so the next evaluation finds nothing new. Everything
-downstream follows by declarative automation (`moe_dag/orchestration/automation.py`).
+ledger when it succeeds (`record_ingested` in `moe_dag/assets/ingest.py`), so the next evaluation
+finds nothing new. Everything downstream follows by declarative automation
+(`moe_dag/orchestration/automation.py`).
 """
 
 from __future__ import annotations
@@ -14,10 +15,9 @@ import hashlib
 
 import dagster as dg
 
-from moe_dag.orchestration.automation import TAG_NEW_SHARDS, run_tags, shards_tag
 from moe_dag.config import PipelineConfig, SourceConfig
-from moe_dag.data.engine.shards import digest_text, output_digest
 from moe_dag.data.shard_ledger import LedgerChanges, ShardFile, ShardLedger, ledger_path, scan_shards
+from moe_dag.orchestration.automation import TAG_NEW_SHARDS, run_tags, shards_tag
 
 
 def new_shards_sensor(config: PipelineConfig, source: SourceConfig) -> dg.SensorDefinition:
@@ -45,23 +45,6 @@ def new_shards_sensor(config: PipelineConfig, source: SourceConfig) -> dg.Sensor
         )
 
     return sensor
-
-
-def record_ingested(
-    context: dg.AssetExecutionContext, config: PipelineConfig, source: str, records: dict[str, dict]
-) -> LedgerChanges:
-    """Enter the shards `raw_documents` just ingested (the inputs of its completion `records`)."""
-    location = config.source(source).shards
-    ingested = {record["input"] for record in records.values()}
-    shards = [shard for shard in scan_shards(location) if shard.path in ingested]
-    changes = ShardLedger(ledger_path(config.catalog_path)).record(source, shards, context.run.run_id)
-    context.log.info(f"shard ledger [{source}]: {changes.describe()}")
-    return changes
-
-
-def raw_data_version(records: dict[str, dict]) -> dg.DataVersion:
-    """The source's ingested data: a digest over its finished shards' output digests."""
-    return dg.DataVersion(digest_text(*(f"{key}={output_digest(r)}" for key, r in sorted(records.items()))))
 
 
 def _run_key(changes: LedgerChanges) -> str:

@@ -1,0 +1,59 @@
+"""What each asset declares about how it is operated, on its own decorator: its stage version, the
+config it reads, and whether automation or a sensor starts it.
+
+`@dg.asset(..., metadata=operated(1, "dedup", "source_names"))` says: bump the 1 when the stage gives
+other output for the same input; the asset's output depends on `config.dedup` and `config.source_names`
+(dotted paths into `PipelineConfig`; `sources.kind` means every source's `kind`). The orchestration room
+turns these into code versions and automation conditions (`moe_dag/orchestration/automation.py`) and
+into the order `moe-dag run` materialises stages in (`moe_dag/orchestration/pipeline.py`), so each fact
+is stated once, beside the asset; the UI shows them in the asset's metadata.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import dagster as dg
+
+STAGE_VERSION = "moe_dag/stage_version"
+CONFIG_READS = "moe_dag/config_reads"
+STARTED_BY = "moe_dag/started_by"
+AUTOMATION = "automation"
+
+# The default condition: requested once after an upstream (partition) updates, when no upstream is
+# missing or running and every blocking check on its upstreams passed.
+FOLLOW_UPSTREAM = (
+    dg.AutomationCondition.eager() & dg.AutomationCondition.all_deps_blocking_checks_passed()
+).with_label("follow_upstream")
+
+
+def operated(version: int, *config_reads: str, started_by: str = AUTOMATION) -> dict[str, Any]:
+    """Asset metadata: stage `version`, the `config_reads` paths, and what starts it (`automation`, or
+    the name of the sensor that does)."""
+    return {STAGE_VERSION: str(version), CONFIG_READS: list(config_reads), STARTED_BY: started_by}
+
+
+@dataclass(frozen=True)
+class Operation:
+    version: str
+    config_reads: list[str]
+    started_by: str
+
+    @property
+    def automated(self) -> bool:
+        return self.started_by == AUTOMATION
+
+
+def operation(spec: dg.AssetSpec) -> Operation:
+    """What `spec`'s asset declared with `operated` (raw or as Dagster metadata values)."""
+
+    def declared(key: str) -> Any:
+        if key not in spec.metadata:
+            raise ValueError(
+                f"asset {spec.key.to_user_string()} declares no {key}: use metadata=operated(...)"
+            )
+        value = spec.metadata[key]
+        return value.value if isinstance(value, dg.MetadataValue) else value
+
+    return Operation(declared(STAGE_VERSION), list(declared(CONFIG_READS)), declared(STARTED_BY))

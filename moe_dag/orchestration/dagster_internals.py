@@ -1,0 +1,50 @@
+"""The one place moe-dag touches Dagster's private modules, and the version they were checked against.
+
+Dagster exposes some of what an operator needs only through its UI and GraphQL: the stale-status
+resolver behind "Materialize stale and missing", the launcher class that tells local runs from
+Kubernetes ones, and the error a failed Pipes process raises. Each private name is imported here and
+nowhere else, so a Dagster upgrade that moves one breaks this module (and its test, which pins the
+series below) instead of a run in production.
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+from dagster._core.asset_graph_view.asset_graph_view import AssetGraphView, TemporalContext
+from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
+
+# Raised by PipesSubprocessClient when the process exits non-zero; Dagster exports it from here only.
+from dagster._core.errors import DagsterPipesExecutionError
+from dagster._core.launcher import DefaultRunLauncher
+from dagster._time import get_current_datetime
+
+# The Dagster release series these private names were read from; tests/test_dagster_internals.py fails
+# on another series, so an upgrade re-checks each name here before it lands.
+CHECKED_DAGSTER_SERIES = "1.13"
+
+__all__ = [
+    "CHECKED_DAGSTER_SERIES",
+    "DagsterPipesExecutionError",
+    "StaleStatus",
+    "launches_local_processes",
+    "stale_status_resolver",
+]
+
+
+def stale_status_resolver(
+    instance: dg.DagsterInstance, definitions: dg.Definitions
+) -> CachingStaleStatusResolver:
+    """Dagster's resolver of missing / stale status of every asset (partition) of `definitions`, now."""
+    graph = definitions.resolve_asset_graph()
+    view = AssetGraphView(
+        temporal_context=TemporalContext(effective_dt=get_current_datetime(), last_event_id=None),
+        instance=instance,
+        asset_graph=graph,
+    )
+    return CachingStaleStatusResolver(instance, graph, view)
+
+
+def launches_local_processes(instance: dg.DagsterInstance) -> bool:
+    """Whether the instance runs each run as a local process (the default launcher), whose liveness this
+    machine can judge; a Kubernetes or other launcher has its own health checks."""
+    return isinstance(instance.run_launcher, DefaultRunLauncher)

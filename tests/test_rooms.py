@@ -1,0 +1,103 @@
+"""The rooms of ../shared/ARCHITECTURE.md, held by reading the imports of every module."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+import moe_dag
+from moe_dag.orchestration.definitions import build_definitions
+from moe_dag.orchestration.pipeline import Stage, stages
+
+PACKAGE = Path(moe_dag.__file__).parent
+
+
+def imported_modules(path: Path) -> list[str]:
+    modules = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            modules += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            modules.append(node.module)
+    return modules
+
+
+def test_the_root_holds_only_the_package_init_and_the_config_loader():
+    assert sorted(path.name for path in PACKAGE.glob("*.py")) == ["__init__.py", "config.py"]
+
+
+@pytest.mark.parametrize("room", ["kernels", "training", "data"])
+def test_the_library_rooms_never_import_dagster_or_the_rooms_above(room):
+    above = ("moe_dag.assets", "moe_dag.orchestration", "moe_dag.cli", "moe_dag.config")
+    offenders = [
+        f"{path.relative_to(PACKAGE)}: {module}"
+        for path in sorted((PACKAGE / room).rglob("*.py"))
+        for module in imported_modules(path)
+        if module.split(".")[0].startswith("dagster") or module.startswith(above)
+    ]
+    assert offenders == []
+
+
+def test_assets_import_from_orchestration_only_its_resources_and_the_dagster_adapter():
+    """Everything else in orchestration imports the assets: an asset importing it would close a circle."""
+    allowed = {"moe_dag.orchestration.resources", "moe_dag.orchestration.dagster_internals"}
+    offenders = [
+        f"{path.name}: {module}"
+        for path in sorted((PACKAGE / "assets").glob("*.py"))
+        for module in imported_modules(path)
+        if module.startswith(("moe_dag.orchestration", "moe_dag.cli")) and module not in allowed
+    ]
+    assert offenders == []
+
+
+def test_dagster_private_modules_are_imported_in_one_adapter_only():
+    importers = sorted(
+        str(path.relative_to(PACKAGE))
+        for path in PACKAGE.rglob("*.py")
+        if any(module.startswith("dagster._") for module in imported_modules(path))
+    )
+    assert importers == ["orchestration/dagster_internals.py"]
+
+
+def test_the_adapter_was_checked_against_the_installed_dagster_series():
+    """A Dagster upgrade re-checks each private name the adapter imports (then bump the series there)."""
+    from moe_dag.orchestration.dagster_internals import CHECKED_DAGSTER_SERIES
+
+    installed = ".".join(dg.__version__.split(".")[:2])
+    assert installed == CHECKED_DAGSTER_SERIES, (
+        f"dagster {dg.__version__} installed; moe_dag/orchestration/dagster_internals.py was checked against "
+        f"{CHECKED_DAGSTER_SERIES}.x"
+    )
+
+
+def test_the_run_order_is_derived_from_the_asset_graph():
+    """`moe-dag run`'s stages come from the asset definitions (no list kept beside them): per-source and
+    global stages alternate, each in dependency order, and the comparisons come last."""
+    assert stages(build_definitions("configs/demo.yaml")) == [
+        Stage(["raw_documents", "prefiltered", "minhash_signatures"], per_source=True),
+        Stage(["dedup_clusters"], per_source=False),
+        Stage(["deduplicated", "toxicity_filtered"], per_source=True),
+        Stage(["oracle_sample", "oracle_labels", "quality_heads"], per_source=False),
+        Stage(["scored_documents"], per_source=True),
+        Stage(
+            ["document_catalog", "tokenizer", "tokenized_mixture", "moe_proxy", "proxy_eval"],
+            per_source=False,
+        ),
+        Stage(["moe_gain", "unfiltered_mixture", "curation_gain"], per_source=False, comparisons=True),
+    ]
+
+
+def test_every_asset_declares_its_stage_version_and_the_config_it_reads():
+    from moe_dag.assets.operating import operation
+    from moe_dag.orchestration.automation import config_value
+
+    definitions = build_definitions("configs/demo.yaml")
+    config = definitions.resources["pipeline"].config
+    for asset in definitions.assets:
+        for spec in asset.specs:
+            declared = operation(spec)
+            for path in declared.config_reads:
+                config_value(config, path)  # every declared path exists in the config
