@@ -14,6 +14,7 @@ from pathlib import Path
 
 import duckdb
 import pyarrow as pa
+from fsspec.implementations.dirfs import DirFileSystem
 
 from moe_dag.data.lake import Lake
 
@@ -72,10 +73,7 @@ class Catalog:
                 pattern = self.lake.glob_pattern(stage, partitioned)
                 if not self.lake.fs.glob(pattern.split("://", 1)[-1]):
                     continue
-                con.execute(
-                    f"CREATE OR REPLACE VIEW {stage} AS SELECT * FROM read_parquet("
-                    f"{sql_literal(pattern)}, hive_partitioning = false, union_by_name = true)"
-                )
+                con.execute(f"CREATE OR REPLACE VIEW {stage} AS {_stage_select(pattern)}")
                 created.append(stage)
         return created
 
@@ -97,12 +95,13 @@ class Catalog:
             return con.sql(sql).to_arrow_table()
 
     def reader(self) -> duckdb.DuckDBPyConnection:
-        """A connection that can read the views and nothing else.
+        """A connection that can read the catalog and the lake and write nothing anywhere.
 
-        The database is opened read-only; files are reachable only under the lake root (what the
-        views read); extensions cannot be installed or loaded; and the configuration is locked so a
-        query cannot undo any of it. `query` also refuses statements that write (COPY TO,
-        EXPORT, ATTACH), which the lake folder would otherwise accept.
+        The database is opened read-only. The lake is reached only through a read-only filesystem
+        (`LAKE_PROTOCOL`), over which temporary views shadow the stored ones; the local filesystem is
+        switched off (the database file stays open), so no path, the lake's included, can be written,
+        attached or exported to; nothing spills to disk; extensions cannot be installed or loaded; and
+        the configuration is locked so a query cannot undo any of it.
         """
         if not self.path.exists():
             raise CatalogError(f"the catalog {self.path} does not exist yet: materialise document_catalog")
@@ -119,33 +118,92 @@ class Catalog:
                     "query again when it finishes"
                 ) from error
             raise CatalogError(f"cannot open the catalog {self.path}: {error}") from error
-        if not self.lake.is_local:
-            con.execute("LOAD httpfs")
-        lake_root = self.lake.root if self.lake.is_local else self.lake.url
-        con.execute("SET allowed_directories = ?", [[lake_root.rstrip("/") + "/"]])
+        con.register_filesystem(ReadOnlyLakeFileSystem(path=self.lake.root, fs=self.lake.fs))
+        for name, sql in con.execute(
+            "SELECT view_name, sql FROM duckdb_views() WHERE NOT internal"
+        ).fetchall():
+            for partitioned in (True, False):
+                if sql_literal(self.lake.glob_pattern(name, partitioned)) in sql:
+                    pattern = f"{LAKE_PROTOCOL}://{name}/{'source=*/' if partitioned else ''}*.parquet"
+                    con.execute(f"CREATE TEMP VIEW {name} AS {_stage_select(pattern)}")
+        con.execute("SET temp_directory = ''")
+        con.execute("SET allowed_directories = ?", [[f"{LAKE_PROTOCOL}://"]])
         con.execute("SET enable_external_access = false")
+        con.execute("SET disabled_filesystems = 'LocalFileSystem'")
         con.execute("SET lock_configuration = true")
         return con
+
+
+LAKE_PROTOCOL = "moedaglake"
+
+
+class ReadOnlyLakeFileSystem(DirFileSystem):
+    """The lake as `moedaglake://<path under the root>`, for reading only: no write, no `..`."""
+
+    protocol = LAKE_PROTOCOL
+
+    def _join(self, path):  # type: ignore[no-untyped-def] - fsspec passes a str or a list of str
+        for one in [path] if isinstance(path, str) else path:
+            if ".." in self._strip_protocol(one).split("/"):
+                raise PermissionError(f"{one}: the catalog reads only inside the lake")
+        return super()._join(path)
+
+    def open(self, path, mode="rb", *args, **kwargs):  # type: ignore[no-untyped-def] - fsspec's signature
+        if mode not in ("r", "rb"):
+            raise PermissionError(f"{path}: the catalog reads the lake and writes nothing")
+        return super().open(path, mode, *args, **kwargs)
+
+    def _refuse(self, path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        raise PermissionError(f"{path}: the catalog reads the lake and writes nothing")
+
+    rm = rm_file = mkdir = makedirs = mv = copy = touch = pipe_file = _refuse
+
+
+def _stage_select(pattern: str) -> str:
+    return (
+        f"SELECT * FROM read_parquet({sql_literal(pattern)}, hive_partitioning = false, union_by_name = true)"
+    )
 
 
 class CatalogError(RuntimeError):
     """A catalog query that cannot run, with a one-line reason for the person who asked."""
 
 
-READ_ONLY_STATEMENTS = {
-    duckdb.StatementType.SELECT,
-    duckdb.StatementType.EXPLAIN,
-    duckdb.StatementType.PRAGMA,
-}
-
-
 def _check_read_only(sql: str) -> None:
+    """Refuse anything but one SELECT, bare or under EXPLAIN [ANALYZE], by DuckDB's own parse.
+
+    EXPLAIN ANALYZE runs the statement it explains, so the statement inside counts, not the EXPLAIN.
+    """
     with _one_line_errors():
         statements = duckdb.extract_statements(sql)
-    if len(statements) != 1:
-        raise CatalogError(f"give exactly one SQL statement, got {len(statements)}")
-    if statements[0].type not in READ_ONLY_STATEMENTS:
-        raise CatalogError(f"only queries can run on the catalog, not {statements[0].type.name}")
+        if len(statements) != 1:
+            raise CatalogError(f"give exactly one SQL statement, got {len(statements)}")
+        statement, inside = statements[0], ""
+        while statement.type == duckdb.StatementType.EXPLAIN:
+            statement, inside = _explained_statement(statement.query), " (inside EXPLAIN)"
+    if statement.type != duckdb.StatementType.SELECT:
+        raise CatalogError(f"only queries can run on the catalog, not {statement.type.name}{inside}")
+
+
+def _explained_statement(explain: str) -> duckdb.Statement:
+    """The statement an EXPLAIN [ANALYZE] [(options)] names, found with DuckDB's tokenizer."""
+    starts = [start for start, _ in duckdb.tokenize(explain)]
+    ends = [*starts[1:], len(explain)]
+    words = [explain[start:end].strip().upper() for start, end in zip(starts, ends, strict=True)]
+    position = 2 if words[1:2] in (["ANALYZE"], ["ANALYSE"]) else 1
+    if words[position : position + 1] == ["("]:
+        depth = 0
+        for offset, word in enumerate(words[position:]):
+            depth += word.count("(") - word.count(")")
+            if depth == 0:
+                position += offset + 1
+                break
+    if position >= len(words):
+        raise CatalogError("EXPLAIN of nothing")
+    inner = duckdb.extract_statements(explain[starts[position] :])
+    if len(inner) != 1:
+        raise CatalogError(f"give exactly one SQL statement, got {len(inner)}")
+    return inner[0]
 
 
 @contextlib.contextmanager
@@ -157,7 +215,12 @@ def _one_line_errors() -> Iterator[None]:
 
 
 def _one_line(error: Exception) -> str:
-    return " ".join(str(error).split())
+    """The error on one line; of a Python traceback DuckDB passes on (from the lake's filesystem),
+    only its last line, which says what was refused."""
+    text = str(error)
+    if "Traceback (most recent call last)" in text:
+        text = text.strip().splitlines()[-1]
+    return " ".join(text.split())
 
 
 def sql_literal(value: str) -> str:
