@@ -360,3 +360,38 @@ def test_store_round_trip_and_version(tmp_path, minilm):
     (tmp_path / WEIGHTS_FILE).write_bytes((tmp_path / "other" / WEIGHTS_FILE).read_bytes())
     with pytest.raises(ValueError, match="hashes to version"):
         load_heads(tmp_path)
+
+
+def test_the_quality_heads_stage_runs_as_a_library_call_without_dagster(tmp_path, one_thread):
+    """What the `quality_heads` asset does, end to end, from lake-shaped tables: labels joined to their
+    documents, heads trained, thresholds per source on unseen documents, heads saved and loadable."""
+    import pyarrow as pa
+
+    from moe_dag.data.quality_heads import distil_heads, labelled_documents
+
+    texts, rubrics, scores, sources = _labelled_corpus()
+    ids = [f"d{i:03d}" for i in range(len(texts))]
+    documents = pa.table({"id": ids, "text": texts, "source": sources})
+    labels = pa.table(
+        {"id": ids[::-1], "rubric": rubrics[::-1], "scores": [json.dumps(s) for s in scores[::-1]]}
+    )
+    labelled = labelled_documents(labels, documents)
+    assert labelled["id"].to_pylist() == ids and labelled["rubric"].to_pylist() == rubrics
+    calibration = pa.table({"id": ["c0", "c1"], "text": texts[:2], "source": sources[:2]})
+    heads = distil_heads(
+        labelled,
+        calibration,
+        tmp_path,
+        rubrics={"web": "general", "books": "general", "code": "code"},
+        keep_rates={"web": 0.5, "books": 0.5, "code": 0.5},
+        backbone_config=BackboneConfig(max_tokens=32, batch_size=8),
+        train_config=HeadTrainConfig(
+            epochs=8, batch_size=8, seed=3, judge=JudgeHeadConfig(d_model=16, n_heads=2)
+        ),
+        calibration_config=CalibrationConfig(),
+    )
+    assert heads.labelled_documents == len(texts) and heads.metrics["judge_f1"] >= 0.8
+    assert sorted(heads.thresholds) == ["books", "code", "web"]
+    assert any("fewer than" in warning for warning in heads.calibration_warnings)  # a handful to calibrate on
+    stored = load_heads(tmp_path)
+    assert stored.version == heads.version and sorted(stored.thresholds) == ["books", "code", "web"]

@@ -1,19 +1,16 @@
 """quality_heads: distil the oracle's labels into a probe and a judge head on a frozen backbone."""
 
 import dataclasses
-import json
 import time
 
 import dagster as dg
-import pyarrow as pa
 
 from moe_dag.assets.bounds import head_agreement_violations
 from moe_dag.assets.operating import operated
 from moe_dag.assets.plots import bars_png, png_markdown, scatter_png
 from moe_dag.assets.reporting import problems_result
-from moe_dag.data.heads import heldout_keep_f1, load_backbone, save_heads, train_heads
 from moe_dag.data.oracle import rubric_for_kind
-from moe_dag.data.scoring import calibrate_sources, calibration_warnings
+from moe_dag.data.quality_heads import distil_heads, labelled_documents
 from moe_dag.orchestration.resources import PipelineResource
 
 AGREES_WITH_ORACLE = "agrees_with_oracle"
@@ -44,37 +41,22 @@ def quality_heads(context: dg.AssetExecutionContext, pipeline: PipelineResource)
     rescored when it changes.
     """
     config, lake = pipeline.config, pipeline.lake
-    labels = lake.read_table("oracle_labels").select(["id", "rubric", "scores"])
-    documents = lake.read_table("oracle_sample").select(["id", "text", "source"])
-    labelled = documents.join(labels, "id", join_type="inner").sort_by("id")
     started = time.perf_counter()
-    backbone = load_backbone(config.backbone)
-    trained = train_heads(
-        backbone,
-        labelled["text"].to_pylist(),
-        labelled["rubric"].to_pylist(),
-        [json.loads(scores) for scores in labelled["scores"].to_pylist()],
-        labelled["source"].to_pylist(),
-        config.heads,
+    heads = distil_heads(
+        labelled_documents(lake.read_table("oracle_labels"), lake.read_table("oracle_sample")),
+        lake.read_table("calibration_sample"),
+        lake.artifact_dir("quality_heads"),
+        rubrics={name: rubric_for_kind(kind).name for name, kind in config.source_kinds.items()},
+        keep_rates={source.name: source.keep_rate for source in config.sources},
+        backbone_config=config.backbone,
+        train_config=config.heads,
+        calibration_config=config.calibration,
     )
-    heldout, keep_rates = trained.heldout, {s.name: s.keep_rate for s in config.sources}
-    heldout_documents = labelled.select(["id", "text", "source"]).take(heldout.index)
-    unseen = pa.concat_tables(
-        [heldout_documents, lake.read_table("calibration_sample")], promote_options="permissive"
-    )
-    rubrics = {name: rubric_for_kind(kind).name for name, kind in config.source_kinds.items()}
-    thresholds = calibrate_sources(
-        unseen, backbone, trained.heads, rubrics, keep_rates, config.calibration, config.backbone.batch_size
-    )
-    metrics = trained.metrics | heldout_keep_f1(heldout, keep_rates)
-    warnings = calibration_warnings(thresholds, keep_rates, config.calibration)
-    for warning in warnings:
+    metrics, heldout = heads.metrics, heads.heldout
+    for warning in heads.calibration_warnings:
         context.log.warning(f"quality_heads calibration: {warning}")
-    version = save_heads(
-        lake.artifact_dir("quality_heads"), trained.heads, thresholds, config.backbone, metrics
-    )
     context.log.info(
-        f"heads {version}: judge F1 {metrics['judge_f1']:.3f}, probe F1 {metrics['probe_f1']:.3f}"
+        f"heads {heads.version}: judge F1 {metrics['judge_f1']:.3f}, probe F1 {metrics['probe_f1']:.3f}"
     )
     dimensions = sorted(k.removeprefix("judge_spearman_") for k in metrics if k.startswith("judge_spearman_"))
     spearman_plot = bars_png(
@@ -88,18 +70,20 @@ def quality_heads(context: dg.AssetExecutionContext, pipeline: PipelineResource)
     )
     return dg.MaterializeResult(
         metadata={
-            "version": version,
-            "labelled_documents": labelled.num_rows,
+            "version": heads.version,
+            "labelled_documents": heads.labelled_documents,
             **{name: round(value, 4) for name, value in metrics.items()},
-            "thresholds": dg.MetadataValue.json({s: dataclasses.asdict(t) for s, t in thresholds.items()}),
-            "calibration_warnings": dg.MetadataValue.json(warnings),
+            "thresholds": dg.MetadataValue.json(
+                {source: dataclasses.asdict(t) for source, t in heads.thresholds.items()}
+            ),
+            "calibration_warnings": dg.MetadataValue.json(heads.calibration_warnings),
             "dimension_agreement": dg.MetadataValue.md(png_markdown(spearman_plot, "Spearman per dimension")),
             "judge_vs_oracle": dg.MetadataValue.md(
                 png_markdown(scatter, "judge vs oracle on held-out labels")
             ),
             "seconds": round(time.perf_counter() - started, 2),
         },
-        data_version=dg.DataVersion(version),
+        data_version=dg.DataVersion(heads.version),
         check_results=[
             problems_result(
                 AGREES_WITH_ORACLE,
