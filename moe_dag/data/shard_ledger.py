@@ -28,11 +28,10 @@ from pathlib import Path
 import duckdb
 import fsspec
 
-from moe_dag.data.readers import list_shards
+from moe_dag.data.readers import CHUNK_BYTES, list_shards
 
 LEDGER_FILE = "shard_ledger.duckdb"
 LOCK_WAIT_S = 60.0
-CHUNK_BYTES = 1 << 20
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS shard_ledger (
