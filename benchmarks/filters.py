@@ -37,7 +37,8 @@ def moe_dag_decisions(texts: list[str]) -> dict[str, list[bool]]:
     config = PrefilterConfig.reference()
     table = pa.table({"text": texts})
     return {
-        family: run_filters(table, [make(config)])[0]["keep"].to_pylist() for family, make in FAMILIES.items()
+        family: run_filters(table, [config.family_filter(family)])[0]["keep"].to_pylist()
+        for family in FAMILIES
     }
 
 

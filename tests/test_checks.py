@@ -183,7 +183,7 @@ def test_drop_share_bound_per_source_overrides_the_default():
 
 def test_a_source_that_loses_every_document_stops_at_that_stage_with_the_reasons(tmp_path, local_ray):
     write_corpus(tmp_path)
-    config_path = pipeline_config(tmp_path, prefilter={"gopher_min_words": 100_000})
+    config_path = pipeline_config(tmp_path, prefilter={"gopher_quality": {"min_words": 100_000}})
     instance = dg.DagsterInstance.ephemeral()
     result = materialize(config_path, ["raw_documents", "prefiltered", "minhash_signatures"], instance)
     check = checks_of(result)["source_not_emptied"]

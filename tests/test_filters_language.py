@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -36,7 +38,7 @@ WELL_KNOWN += ["sv", "tr", "uk", "vi", "zh"]
 @pytest.fixture(scope="module")
 def identified() -> dict[str, tuple[list[str], np.ndarray]]:
     samples = labelled_language_samples()
-    language = LanguageFilter(languages=[], min_score=0.65)
+    language = LanguageFilter(languages=[])
     return {label: (texts, language.score(texts)) for label, texts in samples.items()}
 
 
@@ -51,17 +53,16 @@ def test_accuracy_per_language_on_at_least_20_languages(identified):
     assert sum(value >= 0.9 for value in accuracy.values()) >= 20
 
 
-def test_languages_the_model_does_not_know_are_unidentified(identified):
+def test_languages_the_model_does_not_know_are_unidentified_by_lid176_and_named_by_the_second(identified):
     if "xh" not in identified:
         pytest.skip("no Xhosa catalogue on this machine")
-    texts, _ = identified["xh"]
-    config = PrefilterConfig()
-    language = LanguageFilter(
-        languages=[], min_score=config.min_language_score, unknown_below=config.language_unknown_below
-    )
-    out, _ = run_filters(pa.table({"text": texts}), [language])
+    texts, scores = identified["xh"]
+    lid176_alone = LanguageFilter(languages=[], config=PrefilterConfig.reference().language)
+    out, _ = run_filters(pa.table({"text": texts}), [lid176_alone])
     reasons = out["reason"].to_pylist()
     assert reasons.count("language_unidentified") >= len(texts) * 0.8, reasons
+    # The default (a second opinion) names Xhosa and keeps it.
+    assert list(scores["language"]).count("xh") >= len(texts) * 0.8, list(scores["language"])
 
 
 def test_croatian_keeps_under_its_own_cut(identified):
@@ -69,11 +70,9 @@ def test_croatian_keeps_under_its_own_cut(identified):
         pytest.skip("no Croatian catalogue on this machine")
     texts, scores = identified["hr"]
     croatian = [t for t, found in zip(texts, scores["language"], strict=True) if found == "hr"]
-    config = PrefilterConfig()
-    default_cut = LanguageFilter(languages=["hr"], min_score=config.min_language_score)
-    own_cut = LanguageFilter(
-        languages=["hr"], min_score=config.min_language_score, min_scores=config.language_min_scores
-    )
+    lid176_alone = PrefilterConfig.reference().language
+    default_cut = LanguageFilter(languages=["hr"], config=dataclasses.replace(lid176_alone, min_scores={}))
+    own_cut = LanguageFilter(languages=["hr"], config=lid176_alone)
     kept_default = sum(run_filters(pa.table({"text": croatian}), [default_cut])[0]["keep"].to_pylist())
     kept_own = sum(run_filters(pa.table({"text": croatian}), [own_cut])[0]["keep"].to_pylist())
     assert kept_own > kept_default

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from moe_dag.data.filters import PrefilterConfig, build_prefilters, fit_to_source, run_filters
-from moe_dag.data.filters.perplexity import NgramLanguageModel, PerplexityFilter
+from moe_dag.data.filters.perplexity import NgramLanguageModel, PerplexityConfig, PerplexityFilter
 from moe_dag.data.filters.prefilter import perplexity_filter
 
 SENTENCES = [
@@ -67,11 +67,11 @@ def test_small_sources_are_not_cut():
 def test_reference_set_from_config(tmp_path):
     path = tmp_path / "reference.jsonl"
     path.write_text("".join(f'{{"text": "{s}"}}\n' for s in SENTENCES))
-    config = PrefilterConfig(perplexity_reference=str(path), perplexity_min_documents=1)
-    doc_filter = perplexity_filter(config).fit(["The river runs past the mill."] * 3)
+    config = PrefilterConfig(perplexity=PerplexityConfig(reference=str(path), min_documents=1))
+    doc_filter = perplexity_filter(config.perplexity).fit(["The river runs past the mill."] * 3)
     assert doc_filter.model is not None and "river" in doc_filter.model.vocabulary
     with pytest.raises(ValueError, match="percentile"):
-        PrefilterConfig(perplexity_low_percentile=50, perplexity_high_percentile=40)
+        PerplexityConfig(low_percentile=50, high_percentile=40)
 
 
 def test_fitted_filter_pickles_for_a_worker():

@@ -38,7 +38,7 @@ def documents() -> list[str]:
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_family_decides_as_datatrove(family, documents):
-    ours, _ = run_filters(pa.table({"text": documents}), [FAMILIES[family](PrefilterConfig.reference())])
+    ours, _ = run_filters(pa.table({"text": documents}), [PrefilterConfig.reference().family_filter(family)])
     theirs = [datatrove_keep(datatrove_filters()[family], text)[0] for text in documents]
     agreement = sum(a == b for a, b in zip(ours["keep"].to_pylist(), theirs, strict=True)) / len(documents)
     assert agreement >= 0.99, f"{family}: {agreement:.4f}"
@@ -51,7 +51,7 @@ def test_language_id_still_loads_beside_the_bench_extra():
     installed = {dist.metadata["Name"].lower() for dist in importlib.metadata.distributions()}
     assert "fasttext-numpy2-wheel" not in installed
     assert "fasttext-predict" in installed
-    scores = LanguageFilter(languages=[], min_score=0.65).score(
+    scores = LanguageFilter(languages=[]).score(
         ["The committee will publish its final report on the water supply next spring."]
     )
     assert scores["language"][0] == "en" and scores["language_score"][0] > 0.8

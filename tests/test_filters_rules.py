@@ -6,15 +6,12 @@ test; each family runs alone with the default config, which for these rules is t
 
 from __future__ import annotations
 
-import dataclasses
-
 import pyarrow as pa
 
 from moe_dag.data.filters import PrefilterConfig, run_filters
-from moe_dag.data.filters.c4 import C4QualityFilter
-from moe_dag.data.filters.fineweb import FineWebQualityFilter
-from moe_dag.data.filters.gopher_quality import GopherQualityFilter
-from moe_dag.data.filters.gopher_repetition import GopherRepetitionFilter
+from moe_dag.data.filters.fineweb import FineWebConfig, FineWebQualityFilter
+from moe_dag.data.filters.gopher_quality import GopherQualityConfig, GopherQualityFilter
+from moe_dag.data.filters.gopher_repetition import GopherRepetitionConfig, GopherRepetitionFilter
 
 CONFIG = PrefilterConfig()
 
@@ -39,12 +36,12 @@ def check(doc_filter, inside: str, outside: str, code: str) -> None:
 
 # ---- Gopher quality ----------------------------------------------------------------------------
 
-GOPHER = GopherQualityFilter(CONFIG)
+GOPHER = CONFIG.family_filter("gopher_quality")
 
 
 def test_gopher_word_count_limits():
     check(GOPHER, words(50) + ".", words(49) + ".", "gopher_too_few_words")
-    small = GopherQualityFilter(dataclasses.replace(CONFIG, gopher_max_words=60))
+    small = GopherQualityFilter(GopherQualityConfig(max_words=60))
     check(small, words(60) + ".", words(61) + ".", "gopher_too_many_words")
 
 
@@ -88,12 +85,10 @@ def test_gopher_stop_words():
 
 # ---- Gopher repetition -------------------------------------------------------------------------
 
-REPETITION = GopherRepetitionFilter(CONFIG)
+REPETITION = GopherRepetitionFilter()
 # A repeated paragraph or line also repeats its n-grams: its own limits are tested without those rules.
 WHOLE_REPEATS = GopherRepetitionFilter(
-    dataclasses.replace(
-        CONFIG, gopher_max_top_ngram_char_fraction={}, gopher_max_duplicate_ngram_char_fraction={}
-    )
+    GopherRepetitionConfig(max_top_ngram_char_fraction={}, max_duplicate_ngram_char_fraction={})
 )
 
 
@@ -148,9 +143,7 @@ def crossing(doc_filter, texts: list[str], column: str, limit: float, code: str)
 
 def test_top_ngram_fraction():
     only_top = GopherRepetitionFilter(
-        dataclasses.replace(
-            CONFIG, gopher_max_top_ngram_char_fraction={2: 0.2}, gopher_max_duplicate_ngram_char_fraction={}
-        )
+        GopherRepetitionConfig(max_top_ngram_char_fraction={2: 0.2}, max_duplicate_ngram_char_fraction={})
     )
     texts = [words(100) + " buy now" * k for k in range(1, 40)]
     crossing(only_top, texts, "gopher_top_2gram_char_fraction", 0.2, "gopher_top_2gram_chars")
@@ -158,9 +151,7 @@ def test_top_ngram_fraction():
 
 def test_duplicate_ngram_fraction():
     only_five = GopherRepetitionFilter(
-        dataclasses.replace(
-            CONFIG, gopher_max_top_ngram_char_fraction={}, gopher_max_duplicate_ngram_char_fraction={5: 0.15}
-        )
+        GopherRepetitionConfig(max_top_ngram_char_fraction={}, max_duplicate_ngram_char_fraction={5: 0.15})
     )
     phrase = words(12, start=5000)
     texts = [words(300) + f" {phrase}" * k for k in range(1, 12)]
@@ -171,13 +162,13 @@ def test_top_ngram_needs_a_repeat():
     """Defect from issue 10: with every n-gram occurring once, the top n-gram rule fired on short answers."""
     answer = "Use pathlib instead of os.path for this job."
     assert reason(REPETITION, answer) is None
-    reference = GopherRepetitionFilter(PrefilterConfig.reference())
+    reference = PrefilterConfig.reference().family_filter("gopher_repetition")
     assert reason(reference, answer) == "gopher_top_2gram_chars"
 
 
 # ---- C4 ----------------------------------------------------------------------------------------
 
-C4 = C4QualityFilter(CONFIG)
+C4 = CONFIG.family_filter("c4")
 
 
 def sentence(i: int) -> str:
@@ -223,7 +214,7 @@ def test_c4_page_rules():
 
 # ---- FineWeb -----------------------------------------------------------------------------------
 
-FINEWEB = FineWebQualityFilter(CONFIG)
+FINEWEB = CONFIG.family_filter("fineweb")
 
 
 def lines(n: int, punctuated: int) -> list[str]:
@@ -251,11 +242,7 @@ def test_fineweb_duplicate_line_chars():
 
 def test_fineweb_newline_ratio():
     text = words(30) + "."  # 31 tokens: 9 newlines is 0.29 per word, 10 is 0.32
-    lists = FineWebQualityFilter(
-        dataclasses.replace(
-            CONFIG, fineweb_min_punctuated_line_fraction=0.0, fineweb_max_short_line_fraction=1.0
-        )
-    )
+    lists = FineWebQualityFilter(FineWebConfig(min_punctuated_line_fraction=0.0, max_short_line_fraction=1.0))
     check(lists, text.replace(" ", "\n", 9), text.replace(" ", "\n", 10), "fineweb_too_many_newlines")
 
 
@@ -275,7 +262,7 @@ def test_one_line_documents_skip_line_fraction_rules():
     assert reason(FINEWEB, answer) is None
     assert reason(C4, answer) is None
     reference = PrefilterConfig.reference()
-    assert reason(FineWebQualityFilter(reference), answer) == "fineweb_too_few_punctuated_lines"
+    assert reason(reference.family_filter("fineweb"), answer) == "fineweb_too_few_punctuated_lines"
 
 
 def test_unspaced_scripts_count_letters_as_words():
@@ -284,7 +271,7 @@ def test_unspaced_scripts_count_letters_as_words():
     thai = "วันนี้อากาศดีมากเราจึงไปเดินเล่นที่สวนสาธารณะใกล้บ้านและพบเพื่อนหลายคนที่นั่น " * 3
     for text in (chinese, thai):
         assert reason(GOPHER, text) is None, text
-        assert reason(GopherQualityFilter(PrefilterConfig.reference()), text) is not None
+        assert reason(PrefilterConfig.reference().family_filter("gopher_quality"), text) is not None
 
 
 def test_stop_words_apply_only_to_english_documents():

@@ -16,9 +16,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 # What a source holds. The kind chooses the rules a stage applies (code rules and the code rubric for
-# "code"; prose rules and the general rubric for every other kind), so it is a fixed set, checked when
-# the config loads: a misspelt kind must not silently become "text".
-SourceKind = Literal["code", "web", "reference", "books", "forum", "math", "science"]
+# "code"; prose rules and the general rubric for every other kind, with the prefilter's changes for that
+# kind of text: short social posts are not judged as web pages), so it is a fixed set, checked when the
+# config loads: a misspelt kind must not silently become "text".
+SourceKind = Literal["code", "web", "reference", "books", "forum", "social", "math", "science"]
 SOURCE_KINDS: tuple[str, ...] = get_args(SourceKind)
 
 DOCUMENT_SCHEMA = pa.schema(

@@ -10,22 +10,32 @@ kept lines hold fewer than 5 sentences (Punkt sentences, `text.count_sentences`)
 datatrove also rewrites the text to the kept lines; moe-dag filters never edit a document, so the share
 of lines C4 would remove is recorded (`c4_removed_line_fraction`) and the text stays as it was.
 
-Departure (`line_rules_min_lines`, reference 1): a one-line document is not held to the terminal
-punctuation line rule, so a long answer without a final full stop still counts its sentences.
+Departures (`ScriptRules`, whose reference values `PrefilterConfig.reference()` restores):
+- `line_rules_min_lines` (reference 1): a one-line document is not held to the terminal punctuation line
+  rule, so a long answer without a final full stop still counts its sentences.
+- `per_script` (reference off): C4 was written for English. A line that ends in another script's
+  terminator (。！？।۔։ ...) ends in terminal punctuation, a Thai or Lao line (no terminator) ends as its
+  script does, letters of unspaced scripts count as words for the 3-word rule, and sentences are
+  counted at every script's terminators (`text.count_sentences_any_script`). Lines in Latin script
+  with ASCII punctuation are read exactly as C4 reads them.
 """
 
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from moe_dag.data.filters.base import DocumentFilter
-from moe_dag.data.filters.text import count_sentences
-
-if TYPE_CHECKING:
-    from moe_dag.data.filters.prefilter import PrefilterConfig
+from moe_dag.data.filters.text import (
+    ScriptRules,
+    approximate_word_count,
+    count_sentences,
+    count_sentences_any_script,
+    ends_sentence_any_script,
+)
 
 _CITATION = re.compile(r"\[\d*]|\[edit]|\[citation needed]")
 _END_PUNCTUATION = (".", "?", "!", '"', "'")
@@ -41,14 +51,31 @@ _POLICY_PHRASES = (
 _LOREM_IPSUM, _CURLY_BRACKET = -1, -2
 
 
+@dataclass(kw_only=True)
+class C4Config:
+    """datatrove's defaults; -1 turns a numeric rule off."""
+
+    min_sentences: int = 5
+    min_words_per_line: int = 3
+    max_word_length: int = 1000
+    remove_citations: bool = True
+    filter_no_terminal_punct: bool = True
+    filter_lorem_ipsum: bool = True
+    filter_javascript: bool = True
+    filter_curly_bracket: bool = True
+    filter_policy: bool = True
+
+
 class C4QualityFilter(DocumentFilter):
     """Drop pages with placeholder text, code braces, or fewer than 5 sentences in clean lines."""
 
     name = "c4_quality"
     reasons = ("c4_lorem_ipsum", "c4_curly_bracket", "c4_too_few_sentences")
 
-    def __init__(self, config: PrefilterConfig) -> None:
-        self.config = config
+    def __init__(self, config: C4Config | None = None, script: ScriptRules | None = None) -> None:
+        self.config = config or C4Config()
+        self.script = script or ScriptRules()
+        self._count_sentences = count_sentences_any_script if self.script.per_script else count_sentences
 
     def score(self, texts: list[str]) -> dict[str, np.ndarray]:
         rows = [self._stats(text) for text in texts]
@@ -63,38 +90,45 @@ class C4QualityFilter(DocumentFilter):
             return "c4_lorem_ipsum"
         if sentences == _CURLY_BRACKET:
             return "c4_curly_bracket"
-        if sentences < self.config.c4_min_sentences:
+        if sentences < self.config.min_sentences:
             return "c4_too_few_sentences"
         return None
 
     def _stats(self, text: str) -> tuple[int, float]:
         """Sentences in the kept lines (or a page-level code), and the share of lines removed."""
-        c = self.config
+        c, per_script = self.config, self.script.per_script
         lines = text.splitlines()
-        punctuation_rule = c.c4_filter_no_terminal_punct and len(lines) >= c.line_rules_min_lines
-        enough = max(c.c4_min_sentences, 1)
+        punctuation_rule = c.filter_no_terminal_punct and len(lines) >= self.script.line_rules_min_lines
+        enough = max(c.min_sentences, 1)
         sentences, kept = 0, 0
         for raw in lines:
             line = raw.strip()
             words = line.split()
-            if c.c4_max_word_length != -1 and any(len(word) > c.c4_max_word_length for word in words):
+            if c.max_word_length != -1 and any(len(word) > c.max_word_length for word in words):
                 continue
-            if c.c4_remove_citations:
+            if c.remove_citations:
                 line = _CITATION.sub("", line)
-            if punctuation_rule and (not line.endswith(_END_PUNCTUATION) or line.endswith("...")):
+            if punctuation_rule and not _ends_in_punctuation(line, per_script):
                 continue
-            if len(words) < c.c4_min_words_per_line:
+            if (approximate_word_count(line) if per_script else len(words)) < c.min_words_per_line:
                 continue
             lowered = line.lower()
-            if c.c4_filter_lorem_ipsum and "lorem ipsum" in lowered:
+            if c.filter_lorem_ipsum and "lorem ipsum" in lowered:
                 return _LOREM_IPSUM, 0.0
-            if c.c4_filter_javascript and "javascript" in lowered:
+            if c.filter_javascript and "javascript" in lowered:
                 continue
-            if c.c4_filter_curly_bracket and "{" in line:
+            if c.filter_curly_bracket and "{" in line:
                 return _CURLY_BRACKET, 0.0
-            if c.c4_filter_policy and any(phrase in lowered for phrase in _POLICY_PHRASES):
+            if c.filter_policy and any(phrase in lowered for phrase in _POLICY_PHRASES):
                 continue
             kept += 1
             if sentences < enough:
-                sentences += count_sentences(line, enough - sentences)
+                sentences += self._count_sentences(line, enough - sentences)
         return sentences, 1 - kept / len(lines) if lines else 0.0
+
+
+def _ends_in_punctuation(line: str, per_script: bool) -> bool:
+    """C4's line rule: ends in . ? ! " ' (not an ellipsis), or, per script, as its script ends a sentence."""
+    if line.endswith("..."):
+        return False
+    return line.endswith(_END_PUNCTUATION) or (per_script and ends_sentence_any_script(line))

@@ -5,24 +5,21 @@ lines (not stripped), fewer than 12% end in terminal punctuation (Unicode's Sent
 more than 67% are at most 30 characters, the lines that repeat an earlier line hold more than 1% of
 its characters (newlines not counted), or it has more than 0.3 newlines per word (NLTK tokens).
 
-Departure (`line_rules_min_lines`, reference 1): the punctuation and short-line fractions are not
+Departure (`ScriptRules.line_rules_min_lines`, reference 1): the punctuation and short-line fractions are not
 applied to documents of fewer lines: a one-line answer without a final full stop would score 0 and drop.
-`fineweb_min_punctuated_line_fraction: 0.0` turns the punctuation rule off for a source (UI strings,
+`min_punctuated_line_fraction: 0.0` turns the punctuation rule off for a source (UI strings,
 code comments) where lines rarely end in punctuation.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from moe_dag.data.filters.base import DocumentFilter
-from moe_dag.data.filters.gopher_repetition import _duplicates
-from moe_dag.data.filters.text import TERMINAL_PUNCTUATION, split_words
-
-if TYPE_CHECKING:
-    from moe_dag.data.filters.prefilter import PrefilterConfig
+from moe_dag.data.filters.text import TERMINAL_PUNCTUATION, ScriptRules, duplicates, split_words
 
 _COLUMNS = {
     "fineweb_line_count": np.int64,
@@ -31,6 +28,18 @@ _COLUMNS = {
     "fineweb_duplicate_line_char_fraction": np.float64,
     "fineweb_newline_word_ratio": np.float64,
 }
+
+
+@dataclass(kw_only=True)
+class FineWebConfig:
+    """datatrove's defaults."""
+
+    min_punctuated_line_fraction: float = 0.12
+    punctuation_exclude_zero: bool = False
+    max_short_line_fraction: float = 0.67
+    short_line_chars: int = 30
+    max_duplicate_line_char_fraction: float = 0.01
+    max_newline_word_ratio: float = 0.3
 
 
 class FineWebQualityFilter(DocumentFilter):
@@ -45,8 +54,9 @@ class FineWebQualityFilter(DocumentFilter):
         "fineweb_too_many_newlines",
     )
 
-    def __init__(self, config: PrefilterConfig) -> None:
-        self.config = config
+    def __init__(self, config: FineWebConfig | None = None, script: ScriptRules | None = None) -> None:
+        self.config = config or FineWebConfig()
+        self.script = script or ScriptRules()
 
     def score(self, texts: list[str]) -> dict[str, np.ndarray]:
         rows = [self._stats(text) for text in texts]
@@ -60,19 +70,19 @@ class FineWebQualityFilter(DocumentFilter):
         n_lines = scores["fineweb_line_count"]
         if n_lines == 0:
             return "fineweb_empty_document"
-        line_rules = n_lines >= c.line_rules_min_lines
+        line_rules = n_lines >= self.script.line_rules_min_lines
         punctuated = scores["fineweb_punctuated_line_fraction"]
         if (
             line_rules
-            and punctuated < c.fineweb_min_punctuated_line_fraction
-            and not (punctuated == 0 and c.fineweb_punctuation_exclude_zero)
+            and punctuated < c.min_punctuated_line_fraction
+            and not (punctuated == 0 and c.punctuation_exclude_zero)
         ):
             return "fineweb_too_few_punctuated_lines"
-        if line_rules and scores["fineweb_short_line_fraction"] > c.fineweb_max_short_line_fraction:
+        if line_rules and scores["fineweb_short_line_fraction"] > c.max_short_line_fraction:
             return "fineweb_too_many_short_lines"
-        if scores["fineweb_duplicate_line_char_fraction"] > c.fineweb_max_duplicate_line_char_fraction:
+        if scores["fineweb_duplicate_line_char_fraction"] > c.max_duplicate_line_char_fraction:
             return "fineweb_duplicate_line_chars"
-        if scores["fineweb_newline_word_ratio"] > c.fineweb_max_newline_word_ratio:
+        if scores["fineweb_newline_word_ratio"] > c.max_newline_word_ratio:
             return "fineweb_too_many_newlines"
         return None
 
@@ -81,11 +91,11 @@ class FineWebQualityFilter(DocumentFilter):
         if not lines:
             return (0, 0.0, 0.0, 0.0, 0.0)
         n_lines = len(lines)
-        short = self.config.fineweb_short_line_chars
+        short = self.config.short_line_chars
         return (
             n_lines,
             sum(1 for line in lines if line.endswith(TERMINAL_PUNCTUATION)) / n_lines,
             sum(1 for line in lines if len(line) <= short) / n_lines,
-            _duplicates(lines)[1] / max(len(text) - text.count("\n"), 1),
+            duplicates(lines)[1] / max(len(text) - text.count("\n"), 1),
             text.count("\n") / max(len(split_words(text)), 1),
         )

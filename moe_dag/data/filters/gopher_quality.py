@@ -7,31 +7,34 @@ at least two of the English stop words "the, be, to, of, and, that, have, with".
 followed here rule for rule: words are NLTK tokens (`text.split_words`), punctuation tokens count in the
 per-word ratios but not in the length rules, lines are `str.splitlines()`, stop words match case-sensitively.
 
-Departures, each a `PrefilterConfig` field whose reference value `PrefilterConfig.reference()` restores:
-- `line_rules_min_lines` (reference 1): the bullet and ellipsis line fractions of a one-line document can
-  only be 0 or 1, so they are not applied below 2 lines.
-- `unspaced_scripts` (reference off): in Chinese, Japanese, Thai, Lao, Khmer, Myanmar and Tibetan a
+Departures, each a setting whose reference value `PrefilterConfig.reference()` restores:
+- `ScriptRules.line_rules_min_lines` (reference 1): the bullet and ellipsis line fractions of a one-line
+  document can only be 0 or 1, so they are not applied below 2 lines.
+- `ScriptRules.per_script` (reference off): in Chinese, Japanese, Thai, Lao, Khmer, Myanmar and Tibetan a
   whitespace token is a phrase, so each letter of those scripts counts as a word and the mean word length
   and the English stop-word rule are not applied (FineWeb-2 also adapts these rules per language).
-- `gopher_stop_word_languages` (reference: every document): the English stop-word rule applies only to
+- `stop_word_languages` (reference: every document): the English stop-word rule applies only to
   documents that language ID found in one of these languages (or that no language ID ran on).
 """
 
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from moe_dag.data.filters.base import DocumentFilter
-from moe_dag.data.filters.text import PUNCTUATION_SET, mostly_unspaced, split_words, unspaced_letter_count
-
-if TYPE_CHECKING:
-    from moe_dag.data.filters.prefilter import PrefilterConfig
+from moe_dag.data.filters.text import (
+    PUNCTUATION_SET,
+    ScriptRules,
+    mostly_unspaced,
+    split_words,
+    unspaced_letter_count,
+)
 
 _SYMBOLS_ONLY = re.compile("[" + re.escape("".join(sorted(PUNCTUATION_SET))) + "]+")
-_HAS_LETTER = re.compile(r"[^\W\d_]")
 _BULLETS = ("•", "-")
 _ELLIPSES = ("...", "…")
 
@@ -46,6 +49,34 @@ _COLUMNS = {
     "gopher_stop_words": np.int64,
     "gopher_line_count": np.int64,
 }
+
+
+@dataclass(kw_only=True)
+class GopherQualityConfig:
+    """datatrove's defaults; 0 turns a rule off."""
+
+    min_words: int = 50
+    max_words: int = 100_000
+    min_mean_word_length: float = 3
+    max_mean_word_length: float = 10
+    max_symbol_word_ratio: float = 0.1
+    max_bullet_line_fraction: float = 0.9
+    max_ellipsis_line_fraction: float = 0.3
+    min_alphabetic_word_fraction: float = 0.8
+    min_stop_words: int = 2
+    stop_words: tuple[str, ...] = ("the", "be", "to", "of", "and", "that", "have", "with")
+    stop_word_languages: tuple[str, ...] = ("en",)
+
+    def __post_init__(self) -> None:
+        if self.min_words > self.max_words:
+            raise ValueError(f"gopher_quality: min_words={self.min_words} > max_words={self.max_words}")
+        if self.min_mean_word_length > self.max_mean_word_length:
+            raise ValueError(
+                f"gopher_quality: min_mean_word_length={self.min_mean_word_length} > "
+                f"max_mean_word_length={self.max_mean_word_length}"
+            )
+        self.stop_words = tuple(self.stop_words)  # YAML gives lists
+        self.stop_word_languages = tuple(self.stop_word_languages)
 
 
 class GopherQualityFilter(DocumentFilter):
@@ -66,9 +97,10 @@ class GopherQualityFilter(DocumentFilter):
     )
     inputs = ("language",)
 
-    def __init__(self, config: PrefilterConfig) -> None:
-        self.config = config
-        self.stop_words = frozenset(config.gopher_stop_words)
+    def __init__(self, config: GopherQualityConfig | None = None, script: ScriptRules | None = None) -> None:
+        self.config = config or GopherQualityConfig()
+        self.script = script or ScriptRules()
+        self.stop_words = frozenset(self.config.stop_words)
 
     def score(self, texts: list[str], language: list[str | None] | None = None) -> dict[str, np.ndarray]:
         languages = language or [None] * len(texts)
@@ -81,48 +113,48 @@ class GopherQualityFilter(DocumentFilter):
     def decide(self, text: str, scores: dict[str, Any]) -> str | None:
         c = self.config
         words, mean_length = scores["gopher_word_count"], scores["gopher_mean_word_length"]
-        line_rules = scores["gopher_line_count"] >= c.line_rules_min_lines
+        line_rules = scores["gopher_line_count"] >= self.script.line_rules_min_lines
         checks = (
-            (c.gopher_min_words, words < (c.gopher_min_words or 0), "gopher_too_few_words"),
-            (c.gopher_max_words, words > (c.gopher_max_words or 0), "gopher_too_many_words"),
+            (c.min_words, words < (c.min_words or 0), "gopher_too_few_words"),
+            (c.max_words, words > (c.max_words or 0), "gopher_too_many_words"),
             (
-                c.gopher_min_mean_word_length,
-                mean_length < (c.gopher_min_mean_word_length or 0),
+                c.min_mean_word_length,
+                mean_length < (c.min_mean_word_length or 0),
                 "gopher_mean_word_length_too_short",
             ),
             (
-                c.gopher_max_mean_word_length,
-                mean_length > (c.gopher_max_mean_word_length or 0),
+                c.max_mean_word_length,
+                mean_length > (c.max_mean_word_length or 0),
                 "gopher_mean_word_length_too_long",
             ),
             (
-                c.gopher_max_symbol_word_ratio,
-                scores["gopher_hash_ratio"] > (c.gopher_max_symbol_word_ratio or 0),
+                c.max_symbol_word_ratio,
+                scores["gopher_hash_ratio"] > (c.max_symbol_word_ratio or 0),
                 "gopher_too_many_hashes",
             ),
             (
-                c.gopher_max_symbol_word_ratio,
-                scores["gopher_ellipsis_ratio"] > (c.gopher_max_symbol_word_ratio or 0),
+                c.max_symbol_word_ratio,
+                scores["gopher_ellipsis_ratio"] > (c.max_symbol_word_ratio or 0),
                 "gopher_too_many_ellipses",
             ),
             (
-                c.gopher_max_bullet_line_fraction and line_rules,
-                scores["gopher_bullet_line_fraction"] > (c.gopher_max_bullet_line_fraction or 0),
+                c.max_bullet_line_fraction and line_rules,
+                scores["gopher_bullet_line_fraction"] > (c.max_bullet_line_fraction or 0),
                 "gopher_too_many_bullet_lines",
             ),
             (
-                c.gopher_max_ellipsis_line_fraction and line_rules,
-                scores["gopher_ellipsis_line_fraction"] > (c.gopher_max_ellipsis_line_fraction or 0),
+                c.max_ellipsis_line_fraction and line_rules,
+                scores["gopher_ellipsis_line_fraction"] > (c.max_ellipsis_line_fraction or 0),
                 "gopher_too_many_ellipsis_lines",
             ),
             (
-                c.gopher_min_alphabetic_word_fraction,
-                scores["gopher_alphabetic_word_fraction"] < (c.gopher_min_alphabetic_word_fraction or 0),
+                c.min_alphabetic_word_fraction,
+                scores["gopher_alphabetic_word_fraction"] < (c.min_alphabetic_word_fraction or 0),
                 "gopher_too_few_alphabetic_words",
             ),
             (
-                c.gopher_min_stop_words and scores["gopher_stop_words"] >= 0,
-                scores["gopher_stop_words"] < (c.gopher_min_stop_words or 0),
+                c.min_stop_words and scores["gopher_stop_words"] >= 0,
+                scores["gopher_stop_words"] < (c.min_stop_words or 0),
                 "gopher_too_few_stop_words",
             ),
         )
@@ -136,11 +168,12 @@ class GopherQualityFilter(DocumentFilter):
         words = split_words(text)
         non_symbol = [w for w in words if not _SYMBOLS_ONLY.fullmatch(w)]
         n_words, n_counted = len(words), len(non_symbol)
-        alphabetic = sum(1 for w in words if _HAS_LETTER.search(w))
+        # datatrove's test, `str.isalpha`: "½", "²" and "Ⅻ" are numbers, not letters.
+        alphabetic = sum(1 for w in words if any(ch.isalpha() for ch in w))
         mean_length = sum(map(len, non_symbol)) / n_counted if n_counted else float("nan")
-        languages = c.gopher_stop_word_languages
+        languages = c.stop_word_languages
         stop_rule = not languages or language is None or language in languages
-        if c.unspaced_scripts and mostly_unspaced(text):
+        if self.script.per_script and mostly_unspaced(text):
             # Chinese, Japanese, Thai, ...: a token is a phrase, so each of its letters counts as a word,
             # and word length says nothing.
             phrases = [w for w in words if unspaced_letter_count(w)]

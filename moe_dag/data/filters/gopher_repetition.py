@@ -14,7 +14,7 @@ The n-grams are integer keys built from word ids in numpy, one vectorised pass p
 scan only visits the positions whose n-gram occurs more than once: a unique n-gram can neither repeat
 nor make a later one a repeat, so skipping it changes nothing.
 
-Departure (`gopher_top_ngram_min_count`, reference 1): the most frequent n-gram must occur at least
+Departure (`top_ngram_min_count`, reference 1): the most frequent n-gram must occur at least
 twice. With the reference, a short text whose n-grams are all different still "repeats" its first
 n-gram, and a clean two-sentence answer is dropped.
 """
@@ -22,19 +22,42 @@ n-gram, and a clean two-sentence answer is dropped.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from moe_dag.data.filters.base import DocumentFilter
-from moe_dag.data.filters.text import split_words
-
-if TYPE_CHECKING:
-    from moe_dag.data.filters.prefilter import PrefilterConfig
+from moe_dag.data.filters.text import duplicates, split_words
 
 _PARAGRAPH_BREAK = re.compile(r"\n{2,}")
 _LINE_BREAK = re.compile(r"\n+")
 _HASH_BASE = np.uint64(0x9E3779B97F4A7C15)  # odd, so multiplying by it is a bijection modulo 2^64
+
+
+@dataclass(kw_only=True)
+class GopherRepetitionConfig:
+    """datatrove's defaults; 0 turns a fraction rule off, and an n-gram size left out of a table is not
+    checked."""
+
+    max_duplicate_paragraph_fraction: float = 0.3
+    max_duplicate_paragraph_char_fraction: float = 0.2
+    max_duplicate_line_fraction: float = 0.3
+    max_duplicate_line_char_fraction: float = 0.2
+    max_top_ngram_char_fraction: dict[int, float] = field(default_factory=lambda: {2: 0.20, 3: 0.18, 4: 0.16})
+    top_ngram_min_count: int = 2
+    max_duplicate_ngram_char_fraction: dict[int, float] = field(
+        default_factory=lambda: {5: 0.15, 6: 0.14, 7: 0.13, 8: 0.12, 9: 0.11, 10: 0.10}
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("max_top_ngram_char_fraction", "max_duplicate_ngram_char_fraction"):
+            if any(int(n) < 1 for n in getattr(self, name)):
+                raise ValueError(
+                    f"gopher_repetition.{name}: n-gram sizes must be >= 1, got {getattr(self, name)}"
+                )
+            # YAML keys may arrive as strings ("2": 0.2).
+            setattr(self, name, {int(n): float(v) for n, v in getattr(self, name).items()})
 
 
 class GopherRepetitionFilter(DocumentFilter):
@@ -42,10 +65,10 @@ class GopherRepetitionFilter(DocumentFilter):
 
     name = "gopher_repetition"
 
-    def __init__(self, config: PrefilterConfig) -> None:
-        self.config = config
-        self.top_ns = sorted(config.gopher_max_top_ngram_char_fraction)
-        self.duplicate_ns = sorted(config.gopher_max_duplicate_ngram_char_fraction)
+    def __init__(self, config: GopherRepetitionConfig | None = None) -> None:
+        self.config = config = config or GopherRepetitionConfig()
+        self.top_ns = sorted(config.max_top_ngram_char_fraction)
+        self.duplicate_ns = sorted(config.max_duplicate_ngram_char_fraction)
         self.columns = [
             "gopher_duplicate_paragraph_fraction",
             "gopher_duplicate_paragraph_char_fraction",
@@ -74,22 +97,19 @@ class GopherRepetitionFilter(DocumentFilter):
         if not text:
             return "gopher_empty_document"
         limits = [
-            (c.gopher_max_duplicate_paragraph_fraction, "paragraph_fraction", "paragraphs"),
-            (c.gopher_max_duplicate_paragraph_char_fraction, "paragraph_char_fraction", "paragraph_chars"),
-            (c.gopher_max_duplicate_line_fraction, "line_fraction", "lines"),
-            (c.gopher_max_duplicate_line_char_fraction, "line_char_fraction", "line_chars"),
+            (c.max_duplicate_paragraph_fraction, "paragraph_fraction", "paragraphs"),
+            (c.max_duplicate_paragraph_char_fraction, "paragraph_char_fraction", "paragraph_chars"),
+            (c.max_duplicate_line_fraction, "line_fraction", "lines"),
+            (c.max_duplicate_line_char_fraction, "line_char_fraction", "line_chars"),
         ]
         for limit, column, code in limits:
             if limit and scores[f"gopher_duplicate_{column}"] > limit:
                 return f"gopher_duplicate_{code}"
         for n in self.top_ns:
-            if scores[f"gopher_top_{n}gram_char_fraction"] > c.gopher_max_top_ngram_char_fraction[n]:
+            if scores[f"gopher_top_{n}gram_char_fraction"] > c.max_top_ngram_char_fraction[n]:
                 return f"gopher_top_{n}gram_chars"
         for n in self.duplicate_ns:
-            if (
-                scores[f"gopher_duplicate_{n}gram_char_fraction"]
-                > c.gopher_max_duplicate_ngram_char_fraction[n]
-            ):
+            if scores[f"gopher_duplicate_{n}gram_char_fraction"] > c.max_duplicate_ngram_char_fraction[n]:
                 return f"gopher_duplicate_{n}gram_chars"
         return None
 
@@ -98,14 +118,14 @@ class GopherRepetitionFilter(DocumentFilter):
             return [0.0] * len(self.columns)
         n_chars = len(text)
         paragraphs = _PARAGRAPH_BREAK.split(text.strip())
-        paragraph_dups, paragraph_dup_chars = _duplicates(paragraphs)
+        paragraph_dups, paragraph_dup_chars = duplicates(paragraphs)
         lines = _LINE_BREAK.split(text)
-        line_dups, line_dup_chars = _duplicates(lines)
+        line_dups, line_dup_chars = duplicates(lines)
         words = split_words(text)
         vocabulary: dict[str, int] = {}
         ids = np.fromiter((vocabulary.setdefault(w, len(vocabulary)) for w in words), np.uint64, len(words))
         lengths = np.fromiter(map(len, words), np.int64, len(words))
-        min_count = self.config.gopher_top_ngram_min_count
+        min_count = self.config.top_ngram_min_count
         return [
             paragraph_dups / len(paragraphs),
             paragraph_dup_chars / n_chars,
@@ -114,19 +134,6 @@ class GopherRepetitionFilter(DocumentFilter):
             *(_top_ngram_chars(ids, lengths, n, min_count) / n_chars for n in self.top_ns),
             *(_duplicate_ngram_chars(ids, lengths, n) / n_chars for n in self.duplicate_ns),
         ]
-
-
-def _duplicates(elements: list[str]) -> tuple[int, int]:
-    """How many of `elements` equal an earlier one, and the characters those repeats hold."""
-    seen: set[str] = set()
-    repeats, repeat_chars = 0, 0
-    for element in elements:
-        if element in seen:
-            repeats += 1
-            repeat_chars += len(element)
-        else:
-            seen.add(element)
-    return repeats, repeat_chars
 
 
 def _ngram_keys(ids: np.ndarray, n: int) -> np.ndarray:

@@ -169,6 +169,26 @@ def _lookup(keys: np.ndarray, values: np.ndarray, queries: np.ndarray) -> np.nda
     return np.where(keys[at] == queries, values[at], 0).astype(np.float64)
 
 
+@dataclass(kw_only=True)
+class PerplexityConfig:
+    """Documents under the low or over the high percentile of the source's perplexity drop. The model
+    trains on `reference` (a .parquet or .jsonl file with a `text` column), else on a sample of the
+    documents the rules kept; the cuts are percentiles over the first `sample_documents` of the source,
+    fitted once before the source fans out over workers."""
+
+    low_percentile: float = 1.0
+    high_percentile: float = 99.0
+    order: int = 3
+    reference: str | None = None
+    reference_documents: int = 2000
+    min_documents: int = 100
+    sample_documents: int = 100_000
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.low_percentile < self.high_percentile <= 100.0:
+            raise ValueError("perplexity: need 0 <= low_percentile < high_percentile <= 100")
+
+
 class PerplexityFilter(DocumentFilter):
     """Drop documents whose perplexity lies below or above the given percentiles of the source's."""
 

@@ -14,197 +14,259 @@ the documents the rules kept and whose percentiles are those of the whole source
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
 
 from moe_dag.data.filters.base import DocumentFilter
-from moe_dag.data.filters.c4 import C4QualityFilter
-from moe_dag.data.filters.code import CodeFilter
-from moe_dag.data.filters.fineweb import FineWebQualityFilter
-from moe_dag.data.filters.gopher_quality import GopherQualityFilter
-from moe_dag.data.filters.gopher_repetition import GopherRepetitionFilter
-from moe_dag.data.filters.language import LanguageFilter
-from moe_dag.data.filters.perplexity import PerplexityFilter
-from moe_dag.data.filters.size import DocumentSizeFilter
+from moe_dag.data.filters.c4 import C4Config, C4QualityFilter
+from moe_dag.data.filters.code import CodeConfig, CodeFilter
+from moe_dag.data.filters.fineweb import FineWebConfig, FineWebQualityFilter
+from moe_dag.data.filters.gopher_quality import GopherQualityConfig, GopherQualityFilter
+from moe_dag.data.filters.gopher_repetition import GopherRepetitionConfig, GopherRepetitionFilter
+from moe_dag.data.filters.language import LanguageConfig, LanguageFilter
+from moe_dag.data.filters.perplexity import PerplexityConfig, PerplexityFilter
+from moe_dag.data.filters.size import DocumentSizeFilter, SizeConfig
+from moe_dag.data.filters.text import ScriptRules
+from moe_dag.data.schema import SOURCE_KINDS
 
-FAMILIES = {
-    "gopher_repetition": GopherRepetitionFilter,
-    "gopher_quality": GopherQualityFilter,
-    "c4": C4QualityFilter,
-    "fineweb": FineWebQualityFilter,
-}
+FAMILIES = ("gopher_repetition", "gopher_quality", "c4", "fineweb")
+
+
+def _kind_defaults() -> dict[str, dict[str, Any]]:
+    """Settings each kind of text changes from the web-page defaults (docs/languages.md)."""
+    # Short social posts are judged as posts: a few words, one line, no five sentences, no stop-word
+    # count, and hashtags and mentions are not the "#" symbol spam Gopher's ratio looks for.
+    social = {
+        "families": ["gopher_repetition", "gopher_quality"],
+        "gopher_quality": {"min_words": 3, "min_stop_words": 0, "max_symbol_word_ratio": 0.5},
+    }
+    # Forum answers are shorter than web pages and often a line or two: one sentence and 20 words make
+    # an answer; the page-level line rules of C4 and FineWeb still judge longer ones.
+    forum = {
+        "gopher_quality": {"min_words": 20},
+        "c4": {"min_sentences": 1},
+    }
+    return {"social": social, "forum": forum}
 
 
 @dataclass(kw_only=True)
 class PrefilterConfig:
+    """Which rule families a text source runs and each one's own settings (each family's config lives
+    in its module), plus what a source's kind and a document's language change."""
+
     # The rule families a text source runs, in this order (any subset of FAMILIES).
-    families: tuple[str, ...] = ("gopher_repetition", "gopher_quality", "c4", "fineweb")
-    # Size guard: documents over this many characters, or mostly control characters, are dropped unread.
-    max_chars: int = 1_000_000
-    max_control_char_fraction: float = 0.05
-    # Language ID (FineWeb keeps fastText scores >= 0.65); per-language cuts override it. The defaults are
-    # for languages lid.176 identifies correctly at a median score under 0.65 on the gettext set (README):
-    # Croatian (0.39, often confused with Serbian and Bosnian), Scottish Gaelic (0.49), Irish and
-    # Slovenian (0.59), Norwegian Nynorsk (0.64).
-    min_language_score: float = 0.65
-    language_min_scores: dict[str, float] = field(
-        default_factory=lambda: {"hr": 0.3, "gd": 0.35, "ga": 0.45, "sl": 0.45, "nn": 0.5}
-    )
-    # Below this top score no language is identified with any confidence: typically a language the model
-    # was not trained on (lid.176 has no Zulu, Xhosa, Maori, Shona, ...), reported as its own reason.
-    language_unknown_below: float = 0.3
-    # Departures shared by several families (see their modules): line-fraction rules need this many lines;
-    # unspaced scripts count letters as words.
-    line_rules_min_lines: int = 2
-    unspaced_scripts: bool = True
-    # Gopher quality (datatrove defaults; 0 turns a rule off).
-    gopher_min_words: int = 50
-    gopher_max_words: int = 100_000
-    gopher_min_mean_word_length: float = 3
-    gopher_max_mean_word_length: float = 10
-    gopher_max_symbol_word_ratio: float = 0.1
-    gopher_max_bullet_line_fraction: float = 0.9
-    gopher_max_ellipsis_line_fraction: float = 0.3
-    gopher_min_alphabetic_word_fraction: float = 0.8
-    gopher_min_stop_words: int = 2
-    gopher_stop_words: tuple[str, ...] = ("the", "be", "to", "of", "and", "that", "have", "with")
-    gopher_stop_word_languages: tuple[str, ...] = ("en",)
-    # Gopher repetition.
-    gopher_max_duplicate_paragraph_fraction: float = 0.3
-    gopher_max_duplicate_paragraph_char_fraction: float = 0.2
-    gopher_max_duplicate_line_fraction: float = 0.3
-    gopher_max_duplicate_line_char_fraction: float = 0.2
-    gopher_max_top_ngram_char_fraction: dict[int, float] = field(
-        default_factory=lambda: {2: 0.20, 3: 0.18, 4: 0.16}
-    )
-    gopher_top_ngram_min_count: int = 2
-    gopher_max_duplicate_ngram_char_fraction: dict[int, float] = field(
-        default_factory=lambda: {5: 0.15, 6: 0.14, 7: 0.13, 8: 0.12, 9: 0.11, 10: 0.10}
-    )
-    # C4 (-1 turns a numeric rule off).
-    c4_min_sentences: int = 5
-    c4_min_words_per_line: int = 3
-    c4_max_word_length: int = 1000
-    c4_remove_citations: bool = True
-    c4_filter_no_terminal_punct: bool = True
-    c4_filter_lorem_ipsum: bool = True
-    c4_filter_javascript: bool = True
-    c4_filter_curly_bracket: bool = True
-    c4_filter_policy: bool = True
-    # FineWeb.
-    fineweb_min_punctuated_line_fraction: float = 0.12
-    fineweb_punctuation_exclude_zero: bool = False
-    fineweb_max_short_line_fraction: float = 0.67
-    fineweb_short_line_chars: int = 30
-    fineweb_max_duplicate_line_char_fraction: float = 0.01
-    fineweb_max_newline_word_ratio: float = 0.3
-    # Code (The Stack, StarCoder); documentation files in a code source get the prose-file rules.
-    code_max_chars: int = 1_000_000
-    code_min_lines: int = 5
-    code_max_line_length: int = 1000
-    code_max_mean_line_length: float = 100.0
-    code_min_alphanumeric_fraction: float = 0.25
-    code_prose_extensions: tuple[str, ...] = (".md", ".markdown", ".rst", ".txt", ".adoc", ".org")
-    # Perplexity outliers (text sources): documents under the low or over the high percentile of the
-    # source's perplexity drop. The reference the n-gram model trains on is `perplexity_reference` (a
-    # .parquet or .jsonl file with a `text` column), else a sample of the documents the rules kept.
-    perplexity_low_percentile: float = 1.0
-    perplexity_high_percentile: float = 99.0
-    perplexity_order: int = 3
-    perplexity_reference: str | None = None
-    perplexity_reference_documents: int = 2000
-    perplexity_min_documents: int = 100
-    # The cuts are percentiles over this many documents of the source (the first, in shard order), fitted
-    # once before the source fans out over workers.
-    perplexity_sample_documents: int = 100_000
+    families: tuple[str, ...] = FAMILIES
+    size: SizeConfig = field(default_factory=SizeConfig)
+    script: ScriptRules = field(default_factory=ScriptRules)
+    language: LanguageConfig = field(default_factory=LanguageConfig)
+    gopher_repetition: GopherRepetitionConfig = field(default_factory=GopherRepetitionConfig)
+    gopher_quality: GopherQualityConfig = field(default_factory=GopherQualityConfig)
+    c4: C4Config = field(default_factory=C4Config)
+    fineweb: FineWebConfig = field(default_factory=FineWebConfig)
+    code: CodeConfig = field(default_factory=CodeConfig)
+    perplexity: PerplexityConfig = field(default_factory=PerplexityConfig)
+    # Changes per kind of source (`SourceConfig.kind`), applied before the source's own `prefilter:`.
+    kinds: dict[str, dict[str, Any]] = field(default_factory=_kind_defaults)
+    # Changes to the rule families per language (a language ID code, or a group below), applied to the
+    # documents language ID found in it, e.g. {"zh": {"c4": {"min_sentences": 3}}}.
+    by_language: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Language groups `by_language` may name, each a list of codes.
+    language_groups: dict[str, list[str]] = field(default_factory=dict)
 
     @classmethod
-    def reference(cls, **changes: object) -> PrefilterConfig:
-        """The references' own defaults: every departure set back (datatrove 0.10)."""
-        return cls(
-            **{
-                "line_rules_min_lines": 1,
-                "unspaced_scripts": False,
-                "gopher_stop_word_languages": (),
-                "gopher_top_ngram_min_count": 1,
+    def reference(cls, **changes: Any) -> PrefilterConfig:
+        """The references' own defaults: every departure set back (datatrove 0.10, FineWeb's lid.176 cut)."""
+        return cls().with_changes(
+            {
+                "script": {"line_rules_min_lines": 1, "per_script": False},
+                "gopher_quality": {"stop_word_languages": []},
+                "gopher_repetition": {"top_ngram_min_count": 1},
+                "language": {
+                    "second_opinion_min_score": 0.0,
+                    "keep_unidentified": False,
+                    "short_text_words": 0,
+                },
+                "kinds": {},
                 **changes,
             }
         )
 
     def __post_init__(self) -> None:
+        self.families = tuple(self.families)  # YAML gives lists
         unknown = sorted(set(self.families) - set(FAMILIES))
         if unknown:
-            raise ValueError(f"PrefilterConfig.families: unknown {unknown}; known: {sorted(FAMILIES)}")
-        if self.gopher_min_words > self.gopher_max_words:
-            raise ValueError(
-                f"PrefilterConfig: gopher_min_words={self.gopher_min_words} > "
-                f"gopher_max_words={self.gopher_max_words}"
-            )
-        if self.gopher_min_mean_word_length > self.gopher_max_mean_word_length:
-            raise ValueError(
-                f"PrefilterConfig: gopher_min_mean_word_length={self.gopher_min_mean_word_length} > "
-                f"gopher_max_mean_word_length={self.gopher_max_mean_word_length}"
-            )
-        for name in ("gopher_max_top_ngram_char_fraction", "gopher_max_duplicate_ngram_char_fraction"):
-            if any(int(n) < 1 for n in getattr(self, name)):
-                raise ValueError(
-                    f"PrefilterConfig.{name}: n-gram sizes must be >= 1, got {getattr(self, name)}"
-                )
-            # YAML keys may arrive as strings ("2": 0.2).
-            setattr(self, name, {int(n): float(v) for n, v in getattr(self, name).items()})
-        if not 0.0 <= self.perplexity_low_percentile < self.perplexity_high_percentile <= 100.0:
-            raise ValueError(
-                "PrefilterConfig: need 0 <= perplexity_low_percentile < perplexity_high_percentile <= 100"
-            )
-        for language, score in self.language_min_scores.items():
-            if not 0.0 <= score <= 1.0:
-                raise ValueError(f"PrefilterConfig.language_min_scores[{language!r}] must lie in [0, 1]")
-        for name in ("families", "gopher_stop_words", "gopher_stop_word_languages", "code_prose_extensions"):
-            setattr(self, name, tuple(getattr(self, name)))  # YAML gives lists
+            raise ValueError(f"prefilter.families: unknown {unknown}; known: {list(FAMILIES)}")
+        unknown_kinds = sorted(set(self.kinds) - set(SOURCE_KINDS))
+        if unknown_kinds:
+            raise ValueError(f"prefilter.kinds: unknown kind(s) {unknown_kinds}; known: {list(SOURCE_KINDS)}")
+        for kind, changes in self.kinds.items():
+            self._check_changes(changes, f"prefilter.kinds[{kind}]", allowed=_CHANGEABLE)
+        for language, changes in self.by_language.items():
+            self._check_changes(changes, f"prefilter.by_language[{language}]", allowed=FAMILIES)
+
+    def with_changes(self, changes: dict[str, Any]) -> PrefilterConfig:
+        """A copy with `changes` (a mapping as in the YAML, nested per family) applied over this config."""
+        return _replace(self, changes, "prefilter")
+
+    def for_kind(self, kind: str) -> PrefilterConfig:
+        """The settings for a source of this kind: `kinds[kind]` applied (nothing for an unlisted kind)."""
+        return self.with_changes(self.kinds.get(kind, {}))
+
+    def for_language(self, language: str) -> PrefilterConfig:
+        """The settings for documents in `language`: its group's changes, then its own."""
+        config = self
+        for group, members in self.language_groups.items():
+            if language in members and group in self.by_language:
+                config = config.with_changes(self.by_language[group])
+        return config.with_changes(self.by_language.get(language, {}))
+
+    def family_filter(self, family: str) -> DocumentFilter:
+        """The filter of one rule family with these settings."""
+        if family == "gopher_repetition":
+            return GopherRepetitionFilter(self.gopher_repetition)
+        if family == "gopher_quality":
+            return GopherQualityFilter(self.gopher_quality, self.script)
+        if family == "c4":
+            return C4QualityFilter(self.c4, self.script)
+        if family == "fineweb":
+            return FineWebQualityFilter(self.fineweb, self.script)
+        raise ValueError(f"unknown rule family {family!r}; known: {list(FAMILIES)}")
+
+    def _check_changes(self, changes: dict[str, Any], where: str, allowed: tuple[str, ...]) -> None:
+        """Refuse a change a kind or language cannot make, naming where it is."""
+        if not isinstance(changes, dict):
+            raise ValueError(f"{where} must be a mapping, got {changes!r}")
+        wrong = sorted(set(changes) - set(allowed))
+        if wrong:
+            raise ValueError(f"unknown or unchangeable key(s) {wrong} in {where}; allowed: {list(allowed)}")
+        for name, value in changes.items():
+            if name == "families":
+                unknown = sorted(set(value) - set(FAMILIES))
+                if unknown:
+                    raise ValueError(f"{where}.families: unknown {unknown}; known: {list(FAMILIES)}")
+            else:
+                _replace(getattr(self, name), value, f"{where}.{name}")
+
+
+# What a kind may change: everything but the per-kind and per-language tables themselves.
+_CHANGEABLE = ("families", "size", "script", "language", *FAMILIES, "code", "perplexity")
+
+
+def _replace(config: Any, changes: dict[str, Any], where: str) -> Any:
+    """`config` with `changes` applied, recursing into nested config dataclasses; unknown keys refused."""
+    if not isinstance(changes, dict):
+        raise ValueError(f"{where} must be a mapping, got {changes!r}")
+    fields = {f.name for f in dataclasses.fields(config)}
+    unknown = sorted(set(changes) - fields)
+    if unknown:
+        raise ValueError(f"unknown key(s) {unknown} in {where}; known: {sorted(fields)}")
+    values = {}
+    for name, value in changes.items():
+        current = getattr(config, name)
+        if dataclasses.is_dataclass(current) and isinstance(value, dict):
+            value = _replace(current, value, f"{where}.{name}")
+        values[name] = value
+    return dataclasses.replace(config, **values)
 
 
 def build_prefilters(config: PrefilterConfig, kind: str, languages: list[str] | None) -> list[DocumentFilter]:
     """The prefilters for one source, in the order they run.
 
-    `kind`: "code", or the kind of text ("web", "reference", "math", "science", ...).
-    `languages`: None skips language ID; [] keeps any language identified at its cut;
-    ["en", ...] keeps only those fastText codes.
+    `config`: the source's settings, its kind's changes already applied (`PrefilterConfig.for_kind`).
+    `kind`: "code", or the kind of text ("web", "reference", "social", ...).
+    `languages`: None skips language ID; [] keeps any language; ["en", ...] keeps only those codes.
     """
     size = DocumentSizeFilter(
-        max_chars=config.max_chars, max_control_char_fraction=config.max_control_char_fraction
+        max_chars=config.size.max_chars, max_control_char_fraction=config.size.max_control_char_fraction
     )
     if kind == "code":
         if languages is not None:
             raise ValueError(
-                f"build_prefilters: kind 'code' takes languages=None (fastText identifies natural "
+                f"build_prefilters: kind 'code' takes languages=None (language ID names natural "
                 f"languages, not programming languages), got {languages}"
             )
-        return [size, CodeFilter(config)]
+        return [size, CodeFilter(config.code)]
     language_id = (
         []
         if languages is None
         else [
             LanguageFilter(
                 languages=languages,
-                min_score=config.min_language_score,
-                min_scores=config.language_min_scores,
-                unknown_below=config.language_unknown_below,
-                min_words=config.gopher_min_words if "gopher_quality" in config.families else 0,
+                config=config.language,
+                min_words=config.gopher_quality.min_words if "gopher_quality" in config.families else 0,
             )
         ]
     )
-    rules = [FAMILIES[family](config) for family in config.families]
-    return [size, *language_id, *rules, perplexity_filter(config)]
+    rules = [_family_for_languages(config, family, languages is not None) for family in config.families]
+    return [size, *language_id, *rules, perplexity_filter(config.perplexity)]
 
 
-def perplexity_filter(config: PrefilterConfig) -> PerplexityFilter:
+def _family_for_languages(config: PrefilterConfig, family: str, identified: bool) -> DocumentFilter:
+    """One family's filter, with its per-language settings where `by_language` changes them."""
+    default = config.family_filter(family)
+    languages = {
+        language for key in config.by_language for language in config.language_groups.get(key, [key])
+    }
+    changed = {
+        language: config.for_language(language)
+        for language in sorted(languages)
+        if getattr(config.for_language(language), family) != getattr(config, family)
+    }
+    if not identified or not changed:
+        return default
+    return ByLanguage(default, {language: own.family_filter(family) for language, own in changed.items()})
+
+
+class ByLanguage(DocumentFilter):
+    """One rule family deciding each document with the settings for its language (`by_language`)."""
+
+    inputs = ("language",)
+
+    def __init__(self, default: DocumentFilter, by_language: dict[str, DocumentFilter]) -> None:
+        self.default = default
+        self.by_language = by_language
+        self.name = default.name
+        self.reasons = tuple(dict.fromkeys(r for f in (default, *by_language.values()) for r in f.reasons))
+        self.inputs = tuple(dict.fromkeys(("language", *default.inputs)))
+
+    def score(self, texts: list[str], **inputs: list[Any]) -> dict[str, np.ndarray]:
+        languages = inputs["language"] or [None] * len(texts)
+        groups: dict[str | None, list[int]] = {}
+        for i, language in enumerate(languages):
+            groups.setdefault(language if language in self.by_language else None, []).append(i)
+        columns: dict[str, np.ndarray] = {}
+        for language, rows in groups.items():
+            doc_filter = self.by_language.get(language, self.default)
+            own = {
+                name: [values[i] for i in rows]
+                for name, values in inputs.items()
+                if name in doc_filter.inputs
+            }
+            for name, values in doc_filter.score([texts[i] for i in rows], **own).items():
+                if name not in columns:
+                    columns[name] = np.empty(len(texts), dtype=np.asarray(values).dtype)
+                columns[name][rows] = values
+        columns[f"{self.name}_settings"] = np.array(
+            [language if language in self.by_language else None for language in languages], dtype=object
+        )
+        return columns
+
+    def decide(self, text: str, scores: dict[str, Any]) -> str | None:
+        return self.by_language.get(scores[f"{self.name}_settings"], self.default).decide(text, scores)
+
+
+def perplexity_filter(config: PerplexityConfig) -> PerplexityFilter:
     """The perplexity cut, fitted later on the source's kept documents (see `PerplexityFilter`)."""
-    reference = None if config.perplexity_reference is None else read_texts(config.perplexity_reference)
+    reference = None if config.reference is None else read_texts(config.reference)
     return PerplexityFilter(
-        low_percentile=config.perplexity_low_percentile,
-        high_percentile=config.perplexity_high_percentile,
-        order=config.perplexity_order,
-        reference_documents=config.perplexity_reference_documents,
-        min_documents=config.perplexity_min_documents,
+        low_percentile=config.low_percentile,
+        high_percentile=config.high_percentile,
+        order=config.order,
+        reference_documents=config.reference_documents,
+        min_documents=config.min_documents,
         reference_texts=reference,
     )
 

@@ -10,6 +10,7 @@ from a binary file is mostly control or replacement characters; real text, even 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,12 @@ from moe_dag.data.filters.base import DocumentFilter
 
 # C0 controls except tab, newline and carriage return; DEL and C1 controls; the replacement character.
 _CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ufffd]")
+
+
+@dataclass(kw_only=True)
+class SizeConfig:
+    max_chars: int = 1_000_000
+    max_control_char_fraction: float = 0.05
 
 
 class DocumentSizeFilter(DocumentFilter):

@@ -23,8 +23,30 @@ from __future__ import annotations
 import functools
 import re
 import unicodedata
+from dataclasses import dataclass
 
 from moe_dag.data.filters import spacy_english
+
+
+@dataclass(kw_only=True)
+class ScriptRules:
+    """How the rule families read text in any script; shared by them, owned by none.
+
+    `per_script` (reference off): letters of scripts written without spaces (Chinese, Japanese, Thai,
+    Lao, Khmer, Myanmar, Tibetan) count as words; sentences end at every script's terminator (。！？।۔։
+    ...), not only at spaCy's English ones; and a script with no terminator (Thai, Lao) ends a sentence
+    at a space, as its writers do. English text is split exactly as datatrove splits it either way.
+    `line_rules_min_lines` (reference 1): rules that take a fraction of lines (bullets, ellipses,
+    punctuated and short lines) need this many lines; a one-line text scores only 0 or 1 on them.
+    """
+
+    per_script: bool = True
+    line_rules_min_lines: int = 2
+
+    def __post_init__(self) -> None:
+        if self.line_rules_min_lines < 1:
+            raise ValueError(f"line_rules_min_lines must be >= 1, got {self.line_rules_min_lines}")
+
 
 # Unicode Sentence_Terminal characters, datatrove's TERMINAL_PUNCTUATION.
 TERMINAL_PUNCTUATION: tuple[str, ...] = tuple(
@@ -79,6 +101,9 @@ _UNSPACED_LETTER = re.compile(
     "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]"
 )
 _LETTER = re.compile(r"[^\W\d_]")
+# Thai and Lao have no sentence terminator: a space ends a sentence or clause.
+_SPACE_SEPARATED = re.compile("[\u0e00-\u0e7f\u0e80-\u0eff]")
+_TERMINAL_SET = frozenset(TERMINAL_PUNCTUATION)
 
 _PREFIX = re.compile(spacy_english.PREFIX)
 _SUFFIX = re.compile(spacy_english.SUFFIX)
@@ -269,6 +294,46 @@ def count_sentences(text: str, enough: int) -> int:
     return sentences
 
 
+def count_sentences_any_script(text: str, enough: int) -> int:
+    """Sentences in `text` in any script, counting no further than `enough`.
+
+    Text without a terminator outside ASCII ("." "!" "?") and no unspaced letters is English-like and
+    counted as spaCy counts it (`count_sentences`). Otherwise a sentence is a run of text up to a run of
+    terminal punctuation (Unicode's Sentence_Terminal set: 。！？।۔։ ...) plus trailing text without one;
+    in Thai and Lao, which have no terminator, each space-separated phrase is a sentence.
+    """
+    if not _needs_script_rules(text):
+        return count_sentences(text, enough)
+    sentences, in_sentence = 0, False
+    for ch in text:
+        if ch in _TERMINAL_SET:
+            if in_sentence:
+                sentences += 1
+                in_sentence = False
+                if sentences >= enough:
+                    return sentences
+        elif not ch.isspace() and not is_punctuation(ch):
+            in_sentence = True
+    sentences += in_sentence
+    if sentences <= 1 and _SPACE_SEPARATED.search(text):
+        sentences = max(sentences, len(text.split()))
+    return min(sentences, enough)
+
+
+def ends_sentence_any_script(line: str) -> bool:
+    """Whether `line` ends as a sentence does in its script: a terminal mark (of any script), or in
+    Thai and Lao, which have none, any letter."""
+    stripped = line.rstrip("\"'\u201d\u2019\u300d\u300f)\uff09")
+    if not stripped:
+        return False
+    return stripped[-1] in _TERMINAL_SET or bool(_SPACE_SEPARATED.match(stripped[-1]))
+
+
+def _needs_script_rules(text: str) -> bool:
+    """Whether `text` has a terminator outside ASCII or letters of an unspaced script."""
+    return any(ch in _TERMINAL_SET and ch not in ".!?" for ch in text) or bool(_UNSPACED_LETTER.search(text))
+
+
 def _tokens_with_whitespace(text: str) -> list[str]:
     """spaCy's tokens of `text`, with " " for each whitespace token it keeps (a run other than one space)."""
     tokens: list[str] = []
@@ -297,3 +362,16 @@ def mostly_unspaced(text: str) -> bool:
 def approximate_word_count(text: str) -> int:
     """Whitespace words, with every letter of an unspaced script counted as a word of its own."""
     return len(text.split()) + unspaced_letter_count(text)
+
+
+def duplicates(elements: list[str]) -> tuple[int, int]:
+    """How many of `elements` equal an earlier one, and the characters those repeats hold."""
+    seen: set[str] = set()
+    repeats, repeat_chars = 0, 0
+    for element in elements:
+        if element in seen:
+            repeats += 1
+            repeat_chars += len(element)
+        else:
+            seen.add(element)
+    return repeats, repeat_chars
