@@ -7,6 +7,11 @@ its characters (newlines not counted), or it has more than 0.3 newlines per word
 
 Departure (`ScriptRules.line_rules_min_lines`, reference 1): the punctuation and short-line fractions are not
 applied to documents of fewer lines: a one-line answer without a final full stop would score 0 and drop.
+Departure (`ScriptRules.per_script`, reference off): a Thai or Lao line, whose script has no terminator,
+counts as punctuated when it ends in a letter, each of its letters is a word in the newline rule, and
+a letter of a script written without spaces counts
+as `UNSPACED_LETTER_CHARS` characters in the short-line rule: a 17-character Chinese sentence says what
+an English one says in about 50, and all of a Chinese page's lines were "short".
 `min_punctuated_line_fraction: 0.0` turns the punctuation rule off for a source (UI strings,
 code comments) where lines rarely end in punctuation.
 """
@@ -19,7 +24,20 @@ from typing import Any
 import numpy as np
 
 from moe_dag.data.filters.base import DocumentFilter
-from moe_dag.data.filters.text import TERMINAL_PUNCTUATION, ScriptRules, duplicates, split_words
+from moe_dag.data.filters.text import (
+    TERMINAL_PUNCTUATION,
+    ScriptRules,
+    approximate_word_count,
+    duplicates,
+    ends_sentence_any_script,
+    mostly_unspaced,
+    split_words,
+    unspaced_letter_count,
+)
+
+# Characters of English text per letter of Chinese (Japanese, Thai, ...) text saying the same: a
+# translated sentence of the tests runs 17 characters in Chinese and 50-60 in English.
+UNSPACED_LETTER_CHARS = 3
 
 _COLUMNS = {
     "fineweb_line_count": np.int64,
@@ -86,16 +104,31 @@ class FineWebQualityFilter(DocumentFilter):
             return "fineweb_too_many_newlines"
         return None
 
+    def _word_count(self, text: str) -> int:
+        if self.script.per_script and mostly_unspaced(text):
+            return approximate_word_count(text)  # a whitespace token of Chinese is a clause
+        return len(split_words(text))
+
     def _stats(self, text: str) -> tuple[float, ...]:
         lines = [line for line in text.split("\n") if line.strip()]
         if not lines:
             return (0, 0.0, 0.0, 0.0, 0.0)
         n_lines = len(lines)
         short = self.config.short_line_chars
+        if self.script.per_script:
+            punctuated = sum(1 for line in lines if ends_sentence_any_script(line))
+            short_lines = sum(
+                1
+                for line in lines
+                if len(line) + (UNSPACED_LETTER_CHARS - 1) * unspaced_letter_count(line) <= short
+            )
+        else:
+            punctuated = sum(1 for line in lines if line.endswith(TERMINAL_PUNCTUATION))
+            short_lines = sum(1 for line in lines if len(line) <= short)
         return (
             n_lines,
-            sum(1 for line in lines if line.endswith(TERMINAL_PUNCTUATION)) / n_lines,
-            sum(1 for line in lines if len(line) <= short) / n_lines,
+            punctuated / n_lines,
+            short_lines / n_lines,
             duplicates(lines)[1] / max(len(text) - text.count("\n"), 1),
-            text.count("\n") / max(len(split_words(text)), 1),
+            text.count("\n") / max(self._word_count(text), 1),
         )

@@ -1,0 +1,185 @@
+"""Issue 20's defects in the rule filters, each on tiny hand-written texts: text in any script, short
+posts and forum answers, and two small mismatches with datatrove."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pytest
+
+from moe_dag.data.filters import PrefilterConfig, build_prefilters, run_filters
+from moe_dag.data.filters.code import CodeFilter
+from moe_dag.data.filters.language import LanguageFilter
+from moe_dag.data.filters.text import count_sentences_any_script
+
+CONFIG = PrefilterConfig()
+
+
+def reason(filters, text: str, **columns) -> str | None:
+    table = pa.table({"text": [text], **{name: [value] for name, value in columns.items()}})
+    return run_filters(table, filters)[0]["reason"][0].as_py()
+
+
+# Twelve sentences each, in scripts whose sentences end in their own terminator (or none, in Thai).
+CHINESE = "\n".join(
+    [
+        "今天早上我们去了城市中心的图书馆。",
+        "那里有很多关于历史和科学的书籍。",
+        "我的朋友借了一本关于天文学的书。",
+        "下午我们在公园里散步并讨论了这本书。",
+        "晚上我们一起做了一顿简单的晚饭。",
+        "明天我们打算再去一次图书馆学习。",
+    ]
+)
+JAPANESE = "\n".join(
+    [
+        "今朝、私たちは町の図書館に行きました。",
+        "そこには歴史や科学の本がたくさんあります。",
+        "友達は天文学の本を一冊借りました。",
+        "午後は公園を散歩しながら本について話しました。",
+        "夜は一緒に簡単な夕食を作りました。",
+        "明日もう一度図書館で勉強するつもりです。",
+    ]
+)
+ARMENIAN = "\n".join(
+    [
+        "Այսօր առավոտյան մենք գնացինք քաղաքի գրադարան։",
+        "Այնտեղ կան շատ գրքեր պատմության և գիտության մասին։",
+        "Իմ ընկերը վերցրեց մի գիրք աստղագիտության մասին։",
+        "Կեսօրից հետո մենք զբոսնեցինք այգում և խոսեցինք գրքի մասին։",
+        "Երեկոյան մենք միասին պատրաստեցինք պարզ ընթրիք։",
+        "Վաղը մենք նորից կգնանք գրադարան սովորելու։",
+    ]
+)
+THAI = "\n".join(
+    [
+        "เช้านี้เราไปห้องสมุดในเมือง ที่นั่นมีหนังสือประวัติศาสตร์และวิทยาศาสตร์มากมาย",
+        "เพื่อนของฉันยืมหนังสือดาราศาสตร์หนึ่งเล่ม ตอนบ่ายเราเดินเล่นในสวนสาธารณะ",
+        "เราคุยกันเรื่องหนังสือเล่มนั้น ตอนเย็นเราทำอาหารเย็นง่ายๆ ด้วยกัน",
+        "พรุ่งนี้เราจะไปเรียนที่ห้องสมุดอีกครั้ง แล้วเราจะอ่านหนังสือเล่มใหม่",
+    ]
+)
+
+
+@pytest.mark.parametrize("text", [CHINESE, JAPANESE, ARMENIAN, THAI], ids=["zh", "ja", "hy", "th"])
+def test_c4_counts_sentences_in_every_script(text):
+    """Defect 1: C4 counted only Latin terminators, so these pages gave `c4_too_few_sentences`."""
+    assert reason([CONFIG.family_filter("c4")], text) is None
+    assert count_sentences_any_script(text, 100) >= 6
+
+
+def test_c4_reads_english_as_before():
+    english = "One sentence here. Another one follows! Is this the third? Yes, it is."
+    assert count_sentences_any_script(english, 100) == 4
+    assert reason([PrefilterConfig.reference().family_filter("c4")], CHINESE) == "c4_too_few_sentences"
+
+
+@pytest.mark.parametrize("text", [CHINESE, JAPANESE, THAI], ids=["zh", "ja", "th"])
+def test_any_language_source_keeps_pages_in_these_scripts(text):
+    """Defect 1 through the whole prefilter chain of an any-language web source, perplexity aside."""
+    filters = build_prefilters(CONFIG, "web", [])[:-1]
+    assert reason(filters, text) is None
+
+
+def test_gopher_alphabetic_words_as_datatrove_reads_them():
+    """Defect 7: "½", "²" and "Ⅻ" are not letters (`str.isalpha`); 40 words and eleven "½" fall under 0.8."""
+    words = " ".join(f"word{i}" for i in range(40)) + " " + " ".join(["½"] * 11)
+    scores = CONFIG.family_filter("gopher_quality").score([words])
+    assert scores["gopher_alphabetic_word_fraction"][0] == pytest.approx(40 / 51)
+    assert reason([PrefilterConfig.reference().family_filter("gopher_quality")], words) == (
+        "gopher_too_few_alphabetic_words"
+    )
+
+
+MARKDOWN_GUIDE = "# Install\n\nRun the installer, then restart the shell.\n"
+
+
+@pytest.mark.parametrize(
+    "metadata",
+    [
+        {"path": "docs/install.md"},
+        {"origin": "owner/repo:docs/install.md"},
+        {"programming_language": "markdown"},
+        {"programming_language": "Markdown"},
+    ],
+)
+def test_markdown_guide_in_a_code_source_gets_the_prose_rules(metadata):
+    """Defect 7: the same guide was dropped as `code_too_few_lines` when its path came as `origin` or
+    its type as `programming_language`, and kept when it came as `path`."""
+    assert reason([CodeFilter()], MARKDOWN_GUIDE, metadata=json.dumps(metadata)) is None
+
+
+def test_a_source_file_with_a_markdown_neighbour_in_its_origin_stays_source():
+    tiny = "x = 1\n"
+    assert reason([CodeFilter()], tiny, metadata=json.dumps({"origin": "owner/repo:src/x.py"})) == (
+        "code_too_few_lines"
+    )
+
+
+SOCIAL_POSTS = [
+    "Just finished my first marathon, legs are jelly but so happy!",
+    "Anyone know a good place for ramen near the station? #foodie",
+    "The new update fixed the battery drain on my phone, finally.",
+    "Rainy Sunday, tea and a good book. Perfect.",
+]
+
+
+def test_short_social_posts_are_not_judged_as_web_pages():
+    """Defect 5: with web defaults every short post dropped as `gopher_too_few_words`."""
+    web = build_prefilters(CONFIG, "web", ["en"])[:-1]
+    social = build_prefilters(CONFIG.for_kind("social"), "social", ["en"])[:-1]
+    for post in SOCIAL_POSTS:
+        assert reason(web, post) == "gopher_too_few_words"
+        assert reason(social, post) is None, post
+
+
+def test_social_kind_still_drops_posts_without_words():
+    social = build_prefilters(CONFIG.for_kind("social"), "social", ["en"])[:-1]
+    assert reason(social, "!!!! ???? ....") is not None
+
+
+def test_short_on_language_post_is_not_dropped_for_a_low_score_alone():
+    """Defect 5: a short English post lid.176 scores under 0.65 was dropped in an English source."""
+    post = "omg yes!! cant wait for friday"  # lid.176: English at 0.51
+    lid176_alone = LanguageFilter(languages=["en"], config=PrefilterConfig.reference().language)
+    assert reason([lid176_alone], post) is not None
+    assert reason([LanguageFilter(languages=["en"])], post) is None
+
+
+def test_short_post_in_another_language_still_drops_from_an_english_source():
+    post = "Der Zug hat heute wieder zwanzig Minuten Verspätung, unglaublich."
+    assert reason([LanguageFilter(languages=["en"])], post) == "language_not_allowed"
+
+
+FORUM_ANSWER = (
+    "You need to call flush() before closing the file, otherwise the last buffer is lost when the "
+    "process exits early."
+)
+
+
+def test_a_short_useful_forum_answer_is_kept():
+    """Defect 5: forum answers dropped for shortness (`c4_too_few_sentences`, `gopher_too_few_words`)."""
+    web = build_prefilters(CONFIG, "web", ["en"])[:-1]
+    forum = build_prefilters(CONFIG.for_kind("forum"), "forum", ["en"])[:-1]
+    assert reason(web, FORUM_ANSWER) == "gopher_too_few_words"
+    assert reason(forum, FORUM_ANSWER) is None
+
+
+def test_per_language_settings_decide_documents_in_that_language():
+    config = CONFIG.with_changes(
+        {"by_language": {"cjk": {"c4": {"min_sentences": 50}}}, "language_groups": {"cjk": ["zh", "ja"]}}
+    )
+    filters = build_prefilters(config, "web", [])[:-1]
+    out = run_filters(pa.table({"text": [CHINESE, JAPANESE, THAI]}), filters)[0]
+    assert out["reason"].to_pylist() == ["c4_too_few_sentences", "c4_too_few_sentences", None]
+    assert out["c4_quality_settings"].to_pylist() == ["zh", "ja", None]
+
+
+def test_unknown_kind_or_family_change_is_refused_with_where():
+    with pytest.raises(ValueError, match=r"prefilter.kinds: unknown kind"):
+        PrefilterConfig(kinds={"socail": {}})
+    with pytest.raises(ValueError, match=r"prefilter.by_language\[zh\]"):
+        PrefilterConfig(by_language={"zh": {"language": {}}})
+    with pytest.raises(ValueError, match=r"prefilter.kinds\[social\].gopher_quality"):
+        PrefilterConfig(kinds={"social": {"gopher_quality": {"min_word": 3}}})
