@@ -183,8 +183,50 @@ def test_candidate_rate_matches_formula_at_jaccard_0_8():
 def test_normalisation_of_non_ascii_text():
     assert (
         normalize_text("Café—naïve “Quoted” x_y 日本語、テキスト。")
-        == "café naïve quoted x y 日本語 テキスト"
+        == "café naïve quoted x y 日 本 語 テ キ ス ト"
     )
+
+
+# Six Chinese sentences; the edit changes one character (早上 -> 晚上 in the first).
+CHINESE = (
+    "今天早上我们去了城市中心的图书馆，那里有很多关于历史和科学的书籍。我的朋友借了一本关于天文学的书，"
+    "他说这本书写得非常清楚。下午我们在公园里散步，并且讨论了书里讲到的行星和恒星。晚上我们一起做了一顿"
+    "简单的晚饭，吃完以后又读了几页。明天我们打算再去一次图书馆，找一些关于地理的书。我们希望每个星期都能"
+    "这样度过一个安静的周末。"
+)
+CHINESE_EDITED = CHINESE.replace("今天早上", "今天晚上", 1)
+
+
+def test_one_character_edit_in_chinese_is_a_near_duplicate():
+    """Issue 20, defect 6: a clause between punctuation was one word, so one changed character made the
+    pair word-5-gram Jaccard 0.29 and it was not clustered; characters are words in unspaced scripts."""
+    assert exact_jaccard(CHINESE, CHINESE_EDITED) > 0.9
+    got = clusters_by_id({"a": ("web", CHINESE), "b": ("web", CHINESE_EDITED)})
+    assert got["b"]["duplicate_of"] == "a" and got["b"]["match"] == "near"
+    different = (
+        CHINESE.replace("图书馆", "博物馆").replace("天文学", "植物学").replace("行星和恒星", "花和树")
+    )
+    assert exact_jaccard(CHINESE, different) < 0.8
+
+
+def test_thai_and_japanese_characters_are_words():
+    assert normalize_text("ภาษาไทย") == "ภ า ษ า ไ ท ย"
+    assert normalize_text("図書館で勉強する") == "図 書 館 で 勉 強 す る"
+
+
+# Signatures of English text computed before unspaced scripts were split (commit 44178f3): stored
+# signatures stay valid only while these stay the same.
+ENGLISH_CONTENT_HASHES = ["b45cf221aca015a42927d20ecee1e340", "425263dab8ba2501763a633631eaf40d"]
+ENGLISH_FIRST_SHINGLES = [16198422064112774423, 9165868213336824131, 15266204844070351254]
+
+
+def test_english_shingles_are_unchanged():
+    """Splitting unspaced scripts must not touch text without them: the shingle hashes of English (and
+    of accented Latin) text are those computed before the change, so stored signatures stay valid."""
+    texts = [" ".join(BASE), "Café naïve, déjà vu — “quoted” words and more words here."]
+    hashes = shingle_hashes(pa.array(texts), 5)
+    assert hashes.content_hashes == ENGLISH_CONTENT_HASHES
+    assert [int(h) for h in hashes.hashes[:3]] == ENGLISH_FIRST_SHINGLES
 
 
 def word_ngrams(text: str, n: int = 5) -> set[tuple[str, ...]]:
