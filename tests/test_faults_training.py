@@ -33,12 +33,12 @@ def data(tmp_path: Path) -> Path:
 # ------------------------------------------------------------------ item 3: a torn metrics.jsonl tail
 
 
-def test_a_torn_last_line_is_ignored_when_read_and_cut_when_truncated(tmp_path: Path) -> None:
+def test_a_torn_last_line_is_ignored_when_read_and_cut_when_replaced(tmp_path: Path) -> None:
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.5}\n{"step": 3, "lo')
     log = MetricsLog(path)
     assert [record["step"] for record in log.read()] == [1, 2]
-    log.truncate_after(5)
+    log.replace(log.read())
     assert path.read_text() == '{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.5}\n'
 
 

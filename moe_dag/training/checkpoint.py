@@ -11,6 +11,8 @@ Layout of `<out>/checkpoints/step_<N>/`:
 | state.json       | step, tokens seen, data stream position                         | rank 0     |
 | config.json      | the full Config of the run                                      | rank 0     |
 | rng_rank<r>.pt   | torch CPU (and CUDA) generator state of rank r                  | each rank  |
+| metrics.jsonl    | the run's metrics up to this step, restored on resume           | rank 0     |
+| manifest.json    | size and sha256 of every other file; written last, atomically   | rank 0     |
 
 Resharding: under expert parallelism each rank holds E / P experts of every stacked expert weight.
 In the checkpoint they are described with their global shape, [E, ...] split on dim 0 (a DTensor
@@ -21,14 +23,21 @@ the slices the loading rank holds, so a run saved at EP=2 resumes at EP=1 and th
 filesystem.
 
 A checkpoint is written under a hidden temporary name and renamed when complete, so a run killed while
-saving never leaves a directory that looks finished; `latest_checkpoint` only sees finished ones.
+saving never leaves a directory that looks finished; `latest_checkpoint` only sees finished ones. A
+save that fails (a full disk) removes the temporary folder and raises `CheckpointWriteError` naming the
+checkpoint. torch's checkpoint metadata is a pickle, which runs code when loaded: every file is checked
+against the manifest before anything is read, and a checkpoint that does not match is refused
+(`CheckpointIntegrityError`). The manifest catches a file replaced or corrupted on its own; it does not
+stop whoever can rewrite the manifest too, so run folders must be writable only by the trainer.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
+import os
 import re
 import shutil
 import warnings
@@ -40,6 +49,7 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
@@ -47,8 +57,18 @@ from moe_dag.training import distributed
 from moe_dag.training.config import Config
 from moe_dag.training.expert_parallel import ExpertParallelDispatch
 from moe_dag.training.model import Transformer, build_model
+from moe_dag.training.run_outputs import METRICS_FILE, MetricsLog
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
+MANIFEST = "manifest.json"
+
+
+class CheckpointIntegrityError(ValueError):
+    """A checkpoint whose files are not the ones its manifest lists: nothing of it was loaded."""
+
+
+class CheckpointWriteError(OSError):
+    """Saving a checkpoint failed; its temporary folder was removed."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -93,6 +113,43 @@ def save_checkpoint(
     """Write step `state.step` (every rank calls this), then keep only the newest `keep` checkpoints."""
     root = Path(out_dir) / "checkpoints"
     final, tmp = root / f"step_{state.step}", root / f".step_{state.step}.tmp"
+    try:
+        _write_checkpoint(
+            tmp,
+            out_dir,
+            config=config,
+            state=state,
+            model=model,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            rank=rank,
+        )
+    except (Exception, CheckpointException) as error:  # a full disk surfaces in torch without the path
+        shutil.rmtree(tmp, ignore_errors=True)
+        cause = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
+        raise CheckpointWriteError(
+            f"saving checkpoint {final} failed, its temporary folder removed: {cause}"
+        ) from error
+    if rank == 0:
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        for old in list_checkpoints(out_dir)[:-keep]:
+            shutil.rmtree(old)
+    distributed.barrier()
+    return final
+
+
+def _write_checkpoint(
+    tmp: Path,
+    out_dir: Path,
+    *,
+    config: Config,
+    state: TrainerState,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    rank: int,
+) -> None:
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -104,14 +161,61 @@ def save_checkpoint(
         torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
         (tmp / "state.json").write_text(json.dumps(dataclasses.asdict(state), indent=2))
         (tmp / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
+        metrics = [r for r in MetricsLog(Path(out_dir) / METRICS_FILE).read() if r["step"] <= state.step]
+        MetricsLog(tmp / METRICS_FILE).replace(metrics)
     distributed.barrier()
     if rank == 0:
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
-        for old in list_checkpoints(out_dir)[:-keep]:
-            shutil.rmtree(old)
-    distributed.barrier()
-    return final
+        _write_manifest(tmp)
+
+
+def _write_manifest(checkpoint: Path) -> None:
+    """Size and sha256 of every file, written last and renamed into place: no manifest, no checkpoint."""
+    files = {
+        str(path.relative_to(checkpoint)): {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+        for path in sorted(checkpoint.rglob("*"))
+        if path.is_file()
+    }
+    partial = checkpoint / f".{MANIFEST}.partial"
+    with partial.open("w") as handle:
+        json.dump({"files": files}, handle, indent=1)
+        handle.flush()
+        os.fsync(handle.fileno())
+    partial.replace(checkpoint / MANIFEST)
+
+
+def verify_checkpoint(checkpoint: Path) -> None:
+    """Refuse `checkpoint` unless its files are exactly those of its manifest, byte for byte."""
+    checkpoint = Path(checkpoint)
+    manifest_path = checkpoint / MANIFEST
+    if not manifest_path.is_file():
+        raise CheckpointIntegrityError(
+            f"{checkpoint}: no {MANIFEST}, so its files cannot be checked before loading "
+            "(a checkpoint of an older version, or one not written by the trainer)"
+        )
+    try:
+        listed = json.loads(manifest_path.read_text())["files"]
+    except (ValueError, KeyError, TypeError) as error:
+        raise CheckpointIntegrityError(f"{manifest_path}: not a checkpoint manifest ({error})") from error
+    present = {str(p.relative_to(checkpoint)) for p in checkpoint.rglob("*") if p.is_file()} - {MANIFEST}
+    problems = [f"{name} is not in its manifest" for name in sorted(present - set(listed))]
+    problems += [f"{name} is missing" for name in sorted(set(listed) - present)]
+    for name in sorted(present & set(listed)):
+        path = checkpoint / name
+        if path.stat().st_size != listed[name]["bytes"] or _sha256(path) != listed[name]["sha256"]:
+            problems.append(f"{name} does not match its sha256 in the manifest")
+    if problems:
+        raise CheckpointIntegrityError(
+            f"{checkpoint}: refused, nothing loaded: {'; '.join(problems)}. The checkpoint was changed "
+            "after it was written; use an earlier checkpoint or retrain"
+        )
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while block := handle.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def read_config(checkpoint: Path) -> Config:
@@ -128,6 +232,7 @@ def load_checkpoint(
 ) -> TrainerState:
     """Restore model, optimizer, scheduler and this rank's RNG in place; return the trainer state."""
     checkpoint = Path(checkpoint)
+    verify_checkpoint(checkpoint)
     state = _global_state(model, optimizer)
     with _quiet_single_process():  # loads in place, into this rank's slices
         dcp.load(state, checkpoint_id=checkpoint / "state", no_dist=_single_process())
@@ -149,6 +254,7 @@ def load_model(checkpoint: Path, device: torch.device | str = "cpu") -> tuple[Tr
     checkpoint = Path(checkpoint)
     if not (checkpoint / "state" / ".metadata").exists():
         raise ValueError(f"{checkpoint}: no state/; expected a directory like <out>/checkpoints/step_<N>")
+    verify_checkpoint(checkpoint)
     config = read_config(checkpoint)
     model = build_model(config.model, device)
     state = {"model": model.state_dict()}

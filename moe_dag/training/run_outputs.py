@@ -1,9 +1,10 @@
 """What a training run leaves in its output folder besides checkpoints: metrics, summary, loss plot.
 
 - `metrics.jsonl`: one JSON object per optimizer step (step, loss, lr, grad_norm, tokens_per_s,
-  load_imbalance: max/mean expert load per MoE layer). On resume, lines after the checkpoint's step
-  are dropped first, so a rerun rewrites exactly the steps it redoes. A process killed while appending
-  leaves a torn last line (no newline): reading skips it and truncating cuts it off.
+  load_imbalance: max/mean expert load per MoE layer). Each checkpoint keeps a copy of the records up
+  to its step; on resume the file is replaced by that copy, so a rerun rewrites exactly the steps it
+  redoes and every step appears once with the values first written, whichever line was torn or lost
+  since. A process killed while appending leaves a torn last line (no newline): reading skips it.
 - `summary.json`: final loss, steps, tokens, time, parameter counts, the config.
 - `loss.png`, `expert_load.png`, `source_shares.png`: the training loss, the max/mean expert load per
   MoE layer, and each source's share of the tokens trained on so far against its target.
@@ -19,6 +20,8 @@ from typing import Any
 from matplotlib.figure import Figure
 
 log = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
 
 
 class MetricsLog:
@@ -45,9 +48,15 @@ class MetricsLog:
                 raise ValueError(f"{self.path} line {number}: not a JSON record ({error})") from error
         return records
 
-    def truncate_after(self, step: int) -> None:
-        kept = [record for record in self.read() if record["step"] <= step]
-        self.path.write_text("".join(json.dumps(record) + "\n" for record in kept))
+    def replace(self, records: list[dict[str, Any]]) -> None:
+        """The file holds exactly `records`, swapped in by one rename."""
+        partial = self.path.with_name(f".{self.path.name}.partial")
+        partial.write_text("".join(json.dumps(record) + "\n" for record in records))
+        partial.replace(self.path)
+
+    def restore(self, checkpoint: Path | None) -> None:
+        """The records up to `checkpoint`'s step as it saved them; none for a run with no checkpoint."""
+        self.replace(MetricsLog(Path(checkpoint) / METRICS_FILE).read() if checkpoint else [])
 
     def append(self, record: dict[str, Any]) -> None:
         with self.path.open("a") as handle:

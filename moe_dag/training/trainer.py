@@ -212,7 +212,7 @@ def _train(config: Config, data_dir: Path, out_dir: Path, info: distributed.Dist
     state = _resume(parts, config, out_dir, info)
     metrics = MetricsLog(out_dir / "metrics.jsonl")
     if info.is_main:
-        metrics.truncate_after(state.step)
+        metrics.restore(latest_checkpoint(out_dir))
     _replay_health(parts, metrics, state.step)
     token_flops = flops_per_token(config.model)
     peak = peak_flops(info.device, config.precision.recipe, tc.peak_tflops)
