@@ -59,7 +59,7 @@ class LabelCache:
         self.folder = lake.dataset_dir(stage)
 
     def parts(self) -> list[str]:
-        return sorted(self.lake.fs.glob(posixpath.join(self.folder, "part-*.parquet")))
+        return sorted(self.lake.files_matching(self.folder, "part-*.parquet"))
 
     def lookup(self, keys: Iterable[CacheKey], model: str, prompt_version: str) -> dict[CacheKey, str]:
         """The cached scores (JSON) for those of `keys` labelled by `model` with `prompt_version`."""

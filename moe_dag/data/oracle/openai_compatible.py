@@ -105,18 +105,23 @@ def retry_after_seconds(value: str | None, cap: float) -> float | None:
     return min(max(seconds, 0.0), cap)
 
 
-def _reply_content(response: httpx.Response) -> str:
-    """The assistant message of a 200 reply; ValueError when there is none worth validating."""
+def _reply_content(response: httpx.Response, key: str | None) -> str:
+    """The assistant message of a 200 reply; ValueError for a reply of any other shape."""
+    body = redact(response.text, [key])
     try:
         choice = response.json()["choices"][0]
         message = choice["message"]
     except (ValueError, KeyError, IndexError, TypeError) as err:
-        raise ValueError(f"malformed response body ({type(err).__name__}): {response.text[:200]!r}") from err
+        raise ValueError(f"malformed response body ({type(err).__name__}): {body[:200]!r}") from err
+    if not isinstance(choice, dict) or not isinstance(message, dict):
+        raise ValueError(f"malformed response body (no message object): {body[:200]!r}")
     if message.get("refusal"):
-        raise ValueError(f"the model refused: {str(message['refusal'])[:200]!r}")
+        raise ValueError(f"the model refused: {redact(str(message['refusal']), [key])[:200]!r}")
     content = message.get("content")
     if not content:
         raise ValueError(f"empty reply (finish_reason {choice.get('finish_reason')!r})")
+    if not isinstance(content, str):
+        raise ValueError(f"the message content is a JSON {type(content).__name__}, not text: {body[:200]!r}")
     return content
 
 
@@ -229,7 +234,8 @@ class OpenAICompatibleOracle:
             except httpx.TransportError as err:
                 error = f"{type(err).__name__}: {err}"
                 continue
-            status, body = response.status_code, response.text[:2000]
+            # Redacted whole, then cut: a cut first may end inside the key, leaving a piece of it.
+            status, body = response.status_code, redact(response.text, [key])[:2000]
             if status in _FATAL_STATUS:
                 raise OracleError(
                     redact(
@@ -246,7 +252,7 @@ class OpenAICompatibleOracle:
                 replies.append(body)
                 return failed(f"HTTP {status}: {body[:500]}", attempt + 1)
             try:
-                scores = rubric.parse_reply(_reply_content(response))
+                scores = rubric.parse_reply(_reply_content(response, key))
                 return LabelResult(
                     request, make_label(request, scores, self.model_name), attempts=attempt + 1
                 )

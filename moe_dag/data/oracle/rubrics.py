@@ -119,18 +119,26 @@ class Rubric:
         so when the whole reply is not JSON the last {...} span is tried (the object asked for is flat).
         """
         try:
-            payload = json.loads(reply)
-        except json.JSONDecodeError:
+            payload = _json_value(reply)
+        except ValueError:
             start, end = reply.rfind("{"), reply.rfind("}")
             if start < 0 or end < start:
                 raise ValueError(f"rubric {self.name!r}: reply is not JSON: {reply[:200]!r}") from None
             try:
-                payload = json.loads(reply[start : end + 1])
-            except json.JSONDecodeError as err:
+                payload = _json_value(reply[start : end + 1])
+            except ValueError as err:
                 raise ValueError(f"rubric {self.name!r}: reply is not JSON: {reply[:200]!r}") from err
         if not isinstance(payload, dict):
             raise ValueError(f"rubric {self.name!r}: reply is not a JSON object: {reply[:200]!r}")
         return self.validate(payload)
+
+
+def _json_value(text: str) -> Any:
+    """`text` parsed as JSON; ValueError also for nesting too deep for the parser."""
+    try:
+        return json.loads(text)
+    except RecursionError as err:
+        raise ValueError("JSON nested too deeply") from err
 
 
 GENERAL = Rubric(
