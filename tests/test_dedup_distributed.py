@@ -13,7 +13,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moe_dag.data.dedup import MinHashConfig, compute_signatures, find_duplicate_clusters
+from moe_dag.data.dedup import (
+    MinHashConfig,
+    ShardClusters,
+    apply_dedup,
+    cluster_versions,
+    compute_signatures,
+    find_duplicate_clusters,
+)
 from moe_dag.data.dedup.clusters import _components
 from moe_dag.data.dedup.partitioned import (
     InProcess,
@@ -144,3 +151,32 @@ def test_label_rounds_find_the_components_of_any_graph(sizes, data):
     labels, rounds, _ = merge_labels(InProcess(), parts, partitions)
     expected = _components(np.arange(nodes, dtype=np.int64), edges)
     assert np.array_equal(np.concatenate(labels), expected)
+
+
+def test_shard_clusters_apply_in_step_equals_apply_dedup_and_names_a_stray_id(tmp_path):
+    documents = corpus(7)
+    signatures = compute_signatures(documents, CONFIG)
+    lake = Lake(tmp_path / "lake")
+    write_signatures(lake, signatures, shards=2, rng=random.Random(7))
+    cluster_partitioned(lake, SOURCES, CONFIG, parts=2)
+    everything = lake.read_table("dedup_clusters")
+    path = f"{lake.dataset_dir('dedup_clusters')}/{cluster_file_name('code', 's0')}"
+    shard_ids = lake.read_file(lake.shard_path("minhash_signatures", "code", "s0"), ["id"])["id"]
+    shard = documents.take(pc.index_in(shard_ids, value_set=documents["id"]))
+    version = cluster_versions(everything)["code"]
+
+    clusters = ShardClusters(path, lake.fs, version)
+    batches = [clusters.apply(shard.slice(start, 3)) for start in range(0, shard.num_rows, 3)]
+    clusters.finish()
+    whole = apply_dedup(shard, everything.filter(pc.equal(everything["source"], "code")))
+    assert pa.concat_tables(batches).equals(whole)
+
+    swapped = shard.take([1, 0, *range(2, shard.num_rows)])
+    with pytest.raises(ValueError, match=f"document id {shard['id'][1].as_py()!r} is not where"):
+        ShardClusters(path, lake.fs, version).apply(swapped)
+    short = ShardClusters(path, lake.fs, version)
+    short.apply(shard.slice(0, shard.num_rows - 1))
+    with pytest.raises(ValueError, match="holds rows for documents this shard no longer has"):
+        short.finish()
+    with pytest.raises(FileNotFoundError, match="materialise minhash_signatures and dedup_clusters"):
+        ShardClusters(path + ".gone", lake.fs, version)

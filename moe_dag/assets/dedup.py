@@ -17,7 +17,6 @@ import functools
 import time
 
 import dagster as dg
-import pyarrow.compute as pc
 
 from moe_dag.assets.operating import operated
 from moe_dag.assets.partitions import PER_SOURCE
@@ -32,19 +31,19 @@ from moe_dag.assets.reporting import (
 from moe_dag.data.dedup import (
     CLUSTER_VERSION,
     built_from_version,
+    cluster_partitioned,
     cluster_versions,
-    find_duplicate_clusters,
     signature_rows,
 )
-from moe_dag.data.dedup.clusters import EMPTY_VERSION
+from moe_dag.data.dedup.clusters import EMPTY_VERSION, cluster_row_counts
 from moe_dag.data.dedup.report import DuplicateReport, duplicate_report
 from moe_dag.data.engine import StageSpec
+from moe_dag.data.engine.cluster import cluster_cpus
 from moe_dag.data.engine.stages import DedupWork, SignatureWork
 from moe_dag.data.lake import Lake
 from moe_dag.orchestration.resources import PipelineResource, RayResource
 
 VERSIONS = "cluster_versions"  # dedup_clusters metadata: {source: version}
-VERSION_COLUMNS = ["id", "source", "cluster_id", "match"]  # what a version is computed from
 
 
 @dg.asset(
@@ -79,41 +78,63 @@ def minhash_signatures(
     metadata=operated(1, "dedup", "source_names", started_by="dedup_consistency"),
     check_specs=[dg.AssetCheckSpec("one_row_per_document", asset="dedup_clusters", blocking=True)],
 )
-def dedup_clusters(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
-    """Duplicate clusters across every source, one deterministic survivor each, from signatures only."""
+def dedup_clusters(
+    context: dg.AssetExecutionContext, pipeline: PipelineResource, ray: RayResource
+) -> dg.MaterializeResult:
+    """Duplicate clusters across every source, one deterministic survivor each, from signatures only:
+    computed in partitions on Ray (`ray.workers` of them at once), one file per signature shard."""
     config = pipeline.config
     started = time.perf_counter()
     files = _signature_files(pipeline.lake, config.source_names)
-    clusters = find_duplicate_clusters(files, config.dedup, source_priority=config.source_names)
-    pipeline.lake.write_table(clusters, "dedup_clusters")
-    report = duplicate_report(clusters)
-    versions = cluster_versions(clusters)
+    result = cluster_partitioned(
+        pipeline.lake, config.source_names, config.dedup, workers=ray.workers or cluster_cpus()
+    )
+    written = _cluster_files(pipeline.lake)
+    report = duplicate_report(written)
+    versions = cluster_versions(written)
     previous = _latest_metadata(context.instance, "dedup_clusters").get(VERSIONS)
     changed = sorted(s for s in versions if previous is None or previous.value.get(s) != versions[s])
     context.log.info(
-        f"{report.duplicates} duplicates among {clusters.num_rows}; decisions changed in {changed}"
+        f"{report.duplicates} duplicates among {result.rows} ({result.candidates} candidate pairs, "
+        f"{result.rounds} label rounds); decisions changed in {changed}"
     )
     signatures = signature_rows(files)
+    rows, distinct_ids = cluster_row_counts(written)
     return dg.MaterializeResult(
         metadata={
-            "documents": clusters.num_rows,
+            "documents": rows,
             "duplicates": report.duplicates,
             "cross_source_duplicates": sum(report.across.values()),
             "clusters_with_duplicates": sum(report.cluster_sizes.values()),
+            "candidate_pairs": result.candidates,
+            "label_rounds": result.rounds,
             VERSIONS: dg.MetadataValue.json(versions),
             "sources_with_changed_decisions": dg.MetadataValue.json(changed),
             **_report_metadata(report),
             "seconds": round(time.perf_counter() - started, 2),
-            "dagster/row_count": clusters.num_rows,
+            "dagster/row_count": rows,
         },
         check_results=[
             dg.AssetCheckResult(
                 check_name="one_row_per_document",
-                passed=pc.count_distinct(clusters["id"]).as_py() == signatures == clusters.num_rows,
-                metadata={"signatures": signatures, "cluster_rows": clusters.num_rows},
+                passed=distinct_ids == signatures == rows,
+                metadata={"signatures": signatures, "cluster_rows": rows, "distinct_ids": distinct_ids},
             )
         ],
     )
+
+
+def _cluster_files(lake: Lake, source: str | None = None) -> str:
+    """A glob over the cluster files (of one source: its shards' files)."""
+    return lake.glob_pattern("dedup_clusters", partitioned=False).replace(
+        "/*.parquet", f"/{source}.*.parquet" if source else "/*.parquet"
+    )
+
+
+def _current_version(lake: Lake, source: str) -> str:
+    if not lake.has_table("dedup_clusters"):
+        return EMPTY_VERSION
+    return cluster_versions(_cluster_files(lake, source)).get(source, EMPTY_VERSION)
 
 
 @dg.asset(
@@ -121,7 +142,9 @@ def dedup_clusters(context: dg.AssetExecutionContext, pipeline: PipelineResource
     group_name="curation",
     kinds={"parquet"},
     deps=["prefiltered", "dedup_clusters"],
-    metadata=operated(1, started_by="dedup_consistency"),
+    metadata=operated(
+        1, "checks.min_duplicate_share", "checks.max_duplicate_share", started_by="dedup_consistency"
+    ),
     check_specs=decision_check_specs("deduplicated", DUPLICATE_SHARE),
 )
 def deduplicated(
@@ -131,10 +154,9 @@ def deduplicated(
     source = context.partition_key
     spec = StageSpec(
         outputs=("deduplicated",),
-        make_work=functools.partial(DedupWork, pipeline.lake.url, source),
-        # New clusters (any source backfilled) redo every shard.
-        params=pipeline.lake.fingerprint("dedup_clusters"),
-        actor_pool=True,  # the cluster table loads once per actor
+        make_work=functools.partial(DedupWork, _current_version(pipeline.lake, source)),
+        # Shards are redone when the source's decisions change, whichever source was backfilled.
+        params=_current_version(pipeline.lake, source),
     )
     run = run_source_stage(context, pipeline, ray, spec, "prefiltered")
     version = _built_from(pipeline.lake, source)
@@ -154,7 +176,7 @@ def built_from_current_clusters(
 ) -> dg.AssetCheckResult:
     """The partition (every source, in a run without one) was built from the current clusters' version."""
     sources = [context.partition_key] if context.has_partition_key else pipeline.config.source_names
-    current = cluster_versions(pipeline.lake.read_table("dedup_clusters", columns=VERSION_COLUMNS))
+    current = cluster_versions(_cluster_files(pipeline.lake))
     built = {
         source: _built_from(pipeline.lake, source)
         for source in sources

@@ -3,6 +3,7 @@
 from moe_dag.data.dedup.clusters import (
     CLUSTER_SCHEMA,
     CLUSTER_VERSION,
+    ShardClusters,
     apply_dedup,
     band_pairs,
     built_from_version,
@@ -16,17 +17,20 @@ from moe_dag.data.dedup.minhash import (
     candidate_probability,
     compute_signatures,
 )
+from moe_dag.data.dedup.partitioned import cluster_partitioned
 from moe_dag.data.dedup.shingles import normalize_text, shingle_hashes
 
 __all__ = [
     "CLUSTER_SCHEMA",
     "CLUSTER_VERSION",
     "SIGNATURE_SCHEMA",
+    "ShardClusters",
     "MinHashConfig",
     "apply_dedup",
     "band_pairs",
     "built_from_version",
     "candidate_probability",
+    "cluster_partitioned",
     "cluster_versions",
     "compute_signatures",
     "find_duplicate_clusters",

@@ -33,11 +33,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import duckdb
+import fsspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from moe_dag.data.dedup.minhash import MinHashConfig
+from moe_dag.data.lake import read_batches
 from moe_dag.data.schema import with_decisions
 
 CLUSTER_SCHEMA = pa.schema(
@@ -113,13 +115,13 @@ def band_pairs(con: duckdb.DuckDBPyConnection, bands: Sequence[int], config: Min
     return np.stack([pairs["a"], pairs["b"]], axis=1).astype(np.int64).reshape(-1, 2)
 
 
-def cluster_versions(clusters: pa.Table) -> dict[str, str]:
+def cluster_versions(clusters: pa.Table | str | Sequence[str]) -> dict[str, str]:
     """Per source, a fingerprint of its rows' decisions (id, survivor, match): equal iff unchanged.
 
-    Order-free (an XOR of per-row MD5s) and computed by DuckDB, so it streams over any number of rows.
-    """
+    Order-free (an XOR of per-row MD5s) and computed by DuckDB over a table or parquet files (paths or
+    globs), so it streams over any number of rows."""
     with duckdb.connect() as con:
-        con.register("clusters", clusters)
+        clusters_view(con, clusters)
         rows = con.execute(
             """
             SELECT source, count(*), bit_xor(md5_number(
@@ -130,11 +132,28 @@ def cluster_versions(clusters: pa.Table) -> dict[str, str]:
     return {source: f"{count}-{digest:032x}" for source, count, digest in rows}
 
 
+def clusters_view(con: duckdb.DuckDBPyConnection, clusters: pa.Table | str | Sequence[str]) -> None:
+    """A view `clusters` over a table or over parquet files (paths or globs), read as DuckDB goes."""
+    if isinstance(clusters, pa.Table):
+        con.register("clusters", clusters)
+    else:
+        con.read_parquet([clusters] if isinstance(clusters, str) else list(clusters)).create_view("clusters")
+
+
+def cluster_row_counts(clusters: pa.Table | str | Sequence[str]) -> tuple[int, int]:
+    """(rows, distinct ids) of a clusters table or files, counted by DuckDB (out of core)."""
+    with duckdb.connect() as con:
+        clusters_view(con, clusters)
+        rows, distinct = con.execute("SELECT count(*), count(DISTINCT id) FROM clusters").fetchone()
+    return int(rows), int(distinct)
+
+
 def apply_dedup(table: pa.Table, clusters: pa.Table) -> pa.Table:
     """Every row of `table` with `duplicate_of`, `cluster_id`, `keep`, `reason` and `cluster_version`.
 
     Rows are matched to `clusters` by id; `cluster_version` is the version of the row's source in
-    `clusters` (`cluster_versions`), so pass the clusters of every document of that source.
+    `clusters` (`cluster_versions`), so pass the clusters of every document of that source. Hashes the
+    whole of `clusters`: the per-shard stage uses `apply_shard_clusters` instead.
     """
     position = pc.index_in(table["id"], value_set=clusters["id"])
     if position.null_count:
@@ -142,11 +161,60 @@ def apply_dedup(table: pa.Table, clusters: pa.Table) -> pa.Table:
         raise ValueError(f"apply_dedup: document id {missing!r} has no row in the clusters table")
     versions = cluster_versions(clusters)
     matched = clusters.take(position)
+    return _decide(table, matched, [versions[source] for source in matched["source"].to_pylist()])
+
+
+class ShardClusters:
+    """The cluster rows of one shard, read in step with its documents: the clustering writes them in
+    the order of the shard's signature rows (`partitioned.cluster_file_name`), which is the order of the
+    shard's kept documents, so applying them is a merge join that holds one batch of each side."""
+
+    def __init__(self, path: str, fs: fsspec.AbstractFileSystem, version: str) -> None:
+        if not fs.exists(path):
+            raise FileNotFoundError(
+                f"no cluster rows at {path}: materialise minhash_signatures and dedup_clusters for this shard"
+            )
+        self.path, self.version = path, version
+        self._batches = read_batches(path, fs)
+        self._pending: list[pa.Table] = []
+        self._held = 0
+
+    def apply(self, table: pa.Table) -> pa.Table:
+        """`apply_dedup` for the shard's next `table.num_rows` documents."""
+        matched = self._take(table.num_rows)
+        if not matched["id"].equals(table["id"]):
+            same = pc.equal(matched["id"], table["id"].slice(0, matched.num_rows))
+            wrong = np.flatnonzero(~same.to_numpy(zero_copy_only=False))
+            missing = table["id"][int(wrong[0]) if len(wrong) else matched.num_rows].as_py()
+            raise ValueError(
+                f"apply_dedup: document id {missing!r} is not where {self.path} has it: the clusters "
+                "predate this shard's documents; materialise minhash_signatures and dedup_clusters"
+            )
+        return _decide(table, matched, [self.version] * table.num_rows)
+
+    def finish(self) -> None:
+        """Every cluster row was matched: none is left over."""
+        if self._take(1).num_rows:
+            raise ValueError(f"{self.path} holds rows for documents this shard no longer has")
+
+    def _take(self, rows: int) -> pa.Table:
+        while self._held < rows:
+            batch = next(self._batches, None)
+            if batch is None:
+                break
+            self._pending.append(batch)
+            self._held += batch.num_rows
+        held = pa.concat_tables(self._pending) if self._pending else CLUSTER_SCHEMA.empty_table()
+        taken, rest = held.slice(0, rows), held.slice(rows)
+        self._pending, self._held = [rest], rest.num_rows
+        return taken
+
+
+def _decide(table: pa.Table, matched: pa.Table, version: list[str]) -> pa.Table:
     new = ("duplicate_of", "cluster_id", CLUSTER_VERSION)
     table = table.drop_columns([c for c in new if c in table.column_names])
     table = table.append_column("duplicate_of", matched["duplicate_of"])
     table = table.append_column("cluster_id", matched["cluster_id"])
-    version = [versions[source] for source in matched["source"].to_pylist()]
     table = table.append_column(CLUSTER_VERSION, pa.array(version, pa.string()))
     reason = [None if m is None else f"{m}_duplicate" for m in matched["match"].to_pylist()]
     return with_decisions(table, matched["is_survivor"].to_pylist(), reason)

@@ -125,10 +125,10 @@ def cluster_partitioned(
     """Cluster the signatures of `sources` (in survivor priority order) and write `dedup_clusters`.
 
     `workers` 0 runs every step in this process, one task after another; otherwise as Ray tasks on the
-    connected Ray (`workers` sizes the partition counts: two per worker unless given)."""
+    connected Ray (`workers` sizes the partition counts: one per worker unless given)."""
     files = signature_files(lake, sources)
-    planned = plan_parts(files, parts or max(1, 2 * workers))
-    shuffles = shuffle_partitions or max(1, 2 * workers)
+    planned = plan_parts(files, parts or max(1, workers))
+    shuffles = shuffle_partitions or max(1, workers)
     run = RayTasks() if workers else InProcess()
     starts = np.array([p.start for p in planned], dtype=np.int64)
     n_parts = len(planned)
@@ -237,9 +237,13 @@ class RayTasks:
         import ray
 
         self.ray = ray
+        self._remote: dict[Callable, Any] = {}
 
     def __call__(self, fn: Callable, outputs: int | None, *args: Any) -> Any:
-        task = self.ray.remote(_only_output if outputs == 1 else fn)
+        body = _only_output if outputs == 1 else fn
+        if body not in self._remote:  # each function is exported to the workers once
+            self._remote[body] = self.ray.remote(body)
+        task = self._remote[body]
         arguments = (fn, *args) if outputs == 1 else args
         result = task.options(num_returns=outputs or 1, num_cpus=1).remote(*arguments)
         return [result] if outputs == 1 else result

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import duckdb
 import pyarrow as pa
+
+from moe_dag.data.dedup.clusters import clusters_view
 
 
 @dataclass(frozen=True)
@@ -22,10 +25,10 @@ class DuplicateReport:
         return sum(row["exact"] + row["near"] for row in self.by_source.values())
 
 
-def duplicate_report(clusters: pa.Table) -> DuplicateReport:
-    """Summaries of a `CLUSTER_SCHEMA` table, computed by DuckDB."""
+def duplicate_report(clusters: pa.Table | str | Sequence[str]) -> DuplicateReport:
+    """Summaries of a `CLUSTER_SCHEMA` table or its parquet files, computed by DuckDB."""
     with duckdb.connect() as con:
-        con.register("clusters", clusters)
+        clusters_view(con, clusters)
         sizes = con.execute(
             """
             SELECT size, count(*) FROM (SELECT count(*) AS size FROM clusters GROUP BY cluster_id)

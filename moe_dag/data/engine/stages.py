@@ -3,7 +3,7 @@
 Each class is built once per worker (in an actor for those that hold a model) and then processes
 shards: it streams the input shard in batches, calls the stage's library function on each batch, and
 writes each result batch to the shard's output file. The library functions (`read_shard_batches`,
-`run_filters`, `compute_signatures`, `apply_dedup`, `score_documents`, the token shard writer) know
+`run_filters`, `compute_signatures`, `ShardClusters.apply`, `score_documents`, the token shard writer) know
 nothing of shards or Ray.
 
 Counts returned per shard: `documents` (rows the stage received), and for stages that decide, `kept`,
@@ -13,6 +13,7 @@ reconciliation.
 
 from __future__ import annotations
 
+import posixpath
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -21,11 +22,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from moe_dag.data.dedup import SIGNATURE_SCHEMA, MinHashConfig, apply_dedup, compute_signatures
+from moe_dag.data.dedup import SIGNATURE_SCHEMA, MinHashConfig, ShardClusters, compute_signatures
+from moe_dag.data.dedup.partitioned import CLUSTERS_STAGE, cluster_file_name
 from moe_dag.data.engine.shards import ShardInput
 from moe_dag.data.engine.stage import ShardOutput, ShardWork, merge_counts
 from moe_dag.data.filters import DocumentFilter, run_filters
-from moe_dag.data.lake import Lake, read_batches
+from moe_dag.data.lake import read_batches
 from moe_dag.data.mixture.build import HELDOUT_SCHEMA, heldout_table
 from moe_dag.data.mixture.heldout import split_at_cut
 from moe_dag.data.mixture.token_shards import TokenShardWriter
@@ -102,20 +104,23 @@ class SignatureWork(ShardWork):
 
 
 class DedupWork(ShardWork):
-    """deduplicated: each kept document's cluster, and the cut of every non-survivor. Holds the
-    source's rows of the cluster table, so it runs in an actor pool."""
+    """deduplicated: each kept document's cluster, and the cut of every non-survivor. Reads only the
+    cluster rows of the shard it processes (`ShardClusters`), in step with the shard's documents;
+    `version` is the source's cluster version, which every row records."""
 
-    def __init__(self, lake_url: str, source: str) -> None:
-        clusters = Lake(lake_url).read_table("dedup_clusters")
-        self.clusters = clusters.filter(pc.equal(clusters["source"], source))
+    def __init__(self, version: str) -> None:
+        self.version = version
 
     def process(self, shard: ShardInput, out: ShardOutput) -> dict[str, Any]:
+        path = posixpath.join(out.lake.dataset_dir(CLUSTERS_STAGE), cluster_file_name(out.source, shard.key))
+        clusters = ShardClusters(path, out.lake.fs, self.version)
         writer = out.table("deduplicated")
         counts = []
         for batch in kept_batches(shard, out):
-            decided = apply_dedup(batch, self.clusters)
+            decided = clusters.apply(batch)
             writer.write(decided)
             counts.append(decision_counts(decided))
+        clusters.finish()
         return merge_counts(counts)
 
 
