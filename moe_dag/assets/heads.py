@@ -20,7 +20,9 @@ AGREES_WITH_ORACLE = "agrees_with_oracle"
     group_name="quality",
     kinds={"pytorch", "safetensors"},
     deps=["oracle_labels", "oracle_sample"],
-    metadata=operated(1, "backbone", "heads", "calibration", "sources.kind", "sources.keep_rate"),
+    metadata=operated(
+        1, "backbone", "heads", "calibration", "sources.kind", "sources.keep_rate", "checks.min_head_f1"
+    ),
     pool="gpu",
     check_specs=[
         dg.AssetCheckSpec(

@@ -18,7 +18,15 @@ from moe_dag.orchestration.resources import PipelineResource, RayResource
     group_name="curation",
     kinds={"parquet", "ray"},
     deps=["raw_documents"],
-    metadata=operated(1, "prefilter", "sources.kind", "sources.languages", "sources.prefilter"),
+    metadata=operated(
+        1,
+        "prefilter",
+        "sources.kind",
+        "sources.languages",
+        "sources.prefilter",
+        "checks.max_drop_share",
+        "checks.max_drop_share_by_source",
+    ),
     check_specs=decision_check_specs("prefiltered", DROP_SHARE),
 )
 def prefiltered(

@@ -2,8 +2,9 @@
 
 Rescoring: `quality_heads` records the heads' version as its data version, and this asset's automation
 condition (`RESCORE_ON_NEW_HEADS`, declared on the asset) requests every source partition when that
-version changes (once the `moe_dag_automation` sensor is on). Shards the current heads already scored (their completion record names the heads version and thresholds) are not
-scored again: a rerun with unchanged heads costs nothing.
+version changes (once the `moe_dag_automation` sensor is on). Shards the current heads already scored
+(their completion record names the heads version and thresholds) are not scored again: a rerun with
+unchanged heads costs nothing.
 The weekly schedule in `moe_dag/orchestration/definitions.py` stays.
 """
 
@@ -35,7 +36,7 @@ RESCORE_ON_NEW_HEADS = (
     group_name="quality",
     kinds={"pytorch", "parquet", "ray"},
     deps=["toxicity_filtered", "quality_heads"],
-    metadata=operated(1, "backbone"),
+    metadata=operated(1, "backbone", "sources.keep_rate", "calibration.keep_rate_tolerance"),
     automation_condition=FOLLOW_UPSTREAM.ignore(dg.AssetSelection.assets("quality_heads"))
     | RESCORE_ON_NEW_HEADS,
     pool="gpu",

@@ -18,7 +18,9 @@ from moe_dag.orchestration.resources import PipelineResource, RayResource
     group_name="curation",
     kinds={"parquet", "ray"},
     deps=["deduplicated"],
-    metadata=operated(1, "toxicity", "sources.kind"),
+    metadata=operated(
+        1, "toxicity", "sources.kind", "checks.max_drop_share", "checks.max_drop_share_by_source"
+    ),
     check_specs=decision_check_specs("toxicity_filtered", DROP_SHARE),
 )
 def toxicity_filtered(

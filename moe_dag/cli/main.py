@@ -84,9 +84,9 @@ def write_demo_corpus(config_path: str) -> None:
 
 def print_query(config_path: str, sql: str, limit: int | None = None, output: str = "table") -> int:
     """Print the query's rows; a query that cannot run prints one line on stderr and returns 2."""
+    from moe_dag.cli.query_output import write_rows
     from moe_dag.data.catalog import Catalog, CatalogError
     from moe_dag.data.lake import Lake
-    from moe_dag.cli.query_output import write_rows
 
     config = load_config(config_path)
     try:
@@ -126,6 +126,7 @@ def run_all(
     else in `dagster/` beside the catalog, so that the next run knows what is up to date."""
     import dagster as dg
 
+    from moe_dag.orchestration.check_holds import HeldByCheck
     from moe_dag.orchestration.pipeline import UnknownSourceError, materialize_all
 
     if os.environ.get("DAGSTER_HOME"):
@@ -142,6 +143,8 @@ def run_all(
             )
         except UnknownSourceError as error:
             raise SystemExit(f"moe-dag run: {error}") from error
+        except HeldByCheck as error:
+            raise SystemExit(f"moe-dag run: stopped by blocking checks:\n{error}") from None
     if run.launched:
         print(f"{len(run.launched)} asset partitions materialised in {run.seconds:.0f}s")
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 import dagster as dg
 
 from moe_dag.orchestration.automation import run_tags
+from moe_dag.orchestration.check_holds import CheckHolds, FailedCheck, HeldByCheck
+from moe_dag.orchestration.dagster_internals import DagsterAssetCheckFailedError
 from moe_dag.orchestration.definitions import build_definitions
 from moe_dag.orchestration.instance_health import free_dead_runs, pool_holders
 from moe_dag.orchestration.staleness import Staleness
@@ -90,7 +92,9 @@ def materialize_all(
     comparisons: bool | None = None,
 ) -> PipelineRun:
     """Materialise what is missing or stale (everything with `force`), stage by stage; raises on the first
-    failed run. `sources` limits the per-source stages to those partitions (a backfill of one source);
+    failed run, except a failed blocking check of one source's stage: the other sources go on to the
+    end of that stage, then `HeldByCheck` stops the run (and later runs, until the check passes; see
+    `check_holds.py`). `sources` limits the per-source stages to those partitions (a backfill of one source);
     with `force`, the per-source stages of those sources are redone and the global ones run when stale.
     `comparisons` overrides the config's `comparisons` (whether the baselines train).
 
@@ -106,6 +110,8 @@ def materialize_all(
     assets = list(definitions.assets) + list(definitions.asset_checks or [])  # runs include their checks
     graph = definitions.resolve_asset_graph()
     launched_by = "moe-dag run" + (" --force" if force else "") + (" --source" if sources else "")
+    holds = CheckHolds(instance, definitions, config.source_names)
+    held: list[FailedCheck] = []
     run = PipelineRun(seconds=0.0)
     started = time.perf_counter()
     for stage in stages(definitions):
@@ -113,33 +119,49 @@ def materialize_all(
         if stage.comparisons and not (config.comparisons if comparisons is None else comparisons):
             log(f"{', '.join(keys)}: skipped (comparisons: false in {config.path}; --comparisons runs them)")
             continue
+        if held and not per_source:
+            raise HeldByCheck(held)
         pools = set().union(*(graph.get(dg.AssetKey(key)).pools or set() for key in keys))
         forced = force and (per_source or not sources)  # a backfill of sources redoes only theirs
         for partition in (sources or config.source_names) if per_source else [None]:
             where = f" [{partition}]" if partition else ""
             todo = keys if forced else _needs_run(keys, partition, instance, definitions, log)
             run.up_to_date |= set(keys) - set(todo)
-            if not todo:
+            holding = holds.holding(todo, partition) if todo else []
+            if holding:
+                log(f"{', '.join(todo)}{where}: held by a failed blocking check upstream")
+            if not todo or holding:
+                held += holding
                 continue
             if pools:
                 _report_pool_waits(instance, pools, log)
             stage_started = time.perf_counter()
-            result = dg.materialize(
-                assets,
-                selection=todo,
-                partition_key=partition,
-                instance=instance,
-                resources=definitions.resources,
-                run_config=QUIET_CONSOLE,
-                tags=run_tags(config, launched_by, partition),
-                raise_on_error=True,
-            )
+            try:
+                result = dg.materialize(
+                    assets,
+                    selection=todo,
+                    partition_key=partition,
+                    instance=instance,
+                    resources=definitions.resources,
+                    run_config=QUIET_CONSOLE,
+                    tags=run_tags(config, launched_by, partition),
+                    raise_on_error=True,
+                )
+            except DagsterAssetCheckFailedError:
+                failed = [check for key in todo for check in holds.failed(dg.AssetKey(key), partition)]
+                if not per_source:
+                    raise HeldByCheck(failed) from None
+                log(f"{', '.join(todo)}{where}: stopped by a failed blocking check")
+                held += failed
+                continue
             run.launched += [(key, partition) for key in todo]
-            # A failed blocking check has already failed the run; the others are worth a look.
+            # A failed blocking check has failed the run above; the others are worth a look.
             for check in result.get_asset_check_evaluations():
                 if not check.passed:
-                    log(f"warning: check {check.check_name} on {check.asset_key.to_user_string()} failed")
+                    log(f"warning: {holds.describe(check, partition).describe()}")
             log(f"{', '.join(todo)}{where}: {time.perf_counter() - stage_started:.1f}s")
+    if held:
+        raise HeldByCheck(held)
     run.seconds = time.perf_counter() - started
     if run.up_to_date and not run.launched:
         log(f"up to date: {len(run.up_to_date)} assets, nothing to materialise (--force redoes them all)")
