@@ -22,8 +22,11 @@ step) is included, so small scales look cheap. `time_ratio_16x` is 16x over 1x o
    whole table as each actor held it (`baseline_whole_table`), and of `ShardClusters`, which reads only
    the shard's file in step with the batch.
 
-Options: `--docs-per-source`, `--scales`, `--workers`, `--apply-clusters`; `--speedup` adds clustering
-and apply at the largest scale on 1 worker, for `speedup_2_workers`.
+Clustering runs with `--part-rows` rows a part (default 2,000, so parts, not the task's memory, grow
+with these small corpora as they do at scale with the library's default of 10^6).
+
+Options: `--docs-per-source`, `--scales`, `--workers`, `--apply-clusters`, `--part-rows`; `--speedup`
+adds clustering and apply at the largest scale on 1 worker, for `speedup_2_workers`.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import functools
 import json
 import os
 import posixpath
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -94,13 +98,14 @@ MEASURE = r"""
 import json, resource, sys, time
 sys.path.insert(0, {here!r})
 from scale import measure_scale
-print(json.dumps(measure_scale({lake!r}, {sources!r}, {workers!r}, {baseline!r})))
+print(json.dumps(measure_scale({lake!r}, {sources!r}, {workers!r}, {baseline!r}, {part_rows!r})))
 """
 
 
-def run_fresh(lake: Lake, sources: list[str], workers: int, baseline: bool) -> dict:
+def run_fresh(lake: Lake, sources: list[str], workers: int, baseline: bool, part_rows: int) -> dict:
+    here = str(Path(__file__).parent)
     script = MEASURE.format(
-        here=str(Path(__file__).parent), lake=lake.url, sources=sources, workers=workers, baseline=baseline
+        here=here, lake=lake.url, sources=sources, workers=workers, baseline=baseline, part_rows=part_rows
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     if done.returncode:
@@ -138,7 +143,7 @@ class WorkerPeak:
                     continue
 
 
-def measure_scale(lake_url: str, sources: list[str], workers: int, baseline: bool) -> dict:
+def measure_scale(lake_url: str, sources: list[str], workers: int, baseline: bool, part_rows: int) -> dict:
     """In a fresh process: clustering and apply on a warm local Ray; or, with `baseline`, today's
     single-process clustering alone."""
     import resource
@@ -180,11 +185,12 @@ def measure_scale(lake_url: str, sources: list[str], workers: int, baseline: boo
     result = {"documents": documents}
     with WorkerPeak() as peak:
         started = time.perf_counter()
-        clustered = cluster_partitioned(lake, sources, config, workers=workers)
+        clustered = cluster_partitioned(lake, sources, config, workers=workers, part_rows=part_rows)
         result["cluster_s"] = time.perf_counter() - started
     result.update(
         cluster_worker_rss_mib=peak.peak / MIB, rounds=clustered.rounds, duplicates=clustered.duplicates
     )
+    shutil.rmtree(lake.dataset_dir("deduplicated"), ignore_errors=True)  # an earlier run's output
     with WorkerPeak() as peak:
         started = time.perf_counter()
         for source in sources:
@@ -256,6 +262,7 @@ def main() -> None:
     parser.add_argument("--scales", default="1,4,16")
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument("--apply-clusters", default="10000,100000,1000000")
+    parser.add_argument("--part-rows", type=int, default=2000)
     parser.add_argument("--speedup", action="store_true")
     args = parser.parse_args()
     scales = [int(s) for s in args.scales.split(",")]
@@ -267,8 +274,8 @@ def main() -> None:
         measured = {}
         for copies in scales:
             lake = repeated_lake(base, sources, copies, work / f"lake-{copies}x")
-            row = run_fresh(lake, sources, args.workers, baseline=False)
-            row["baseline"] = run_fresh(lake, sources, args.workers, baseline=True)
+            row = run_fresh(lake, sources, args.workers, baseline=False, part_rows=args.part_rows)
+            row["baseline"] = run_fresh(lake, sources, args.workers, baseline=True, part_rows=args.part_rows)
             measured[copies] = row
             b = row["baseline"]
             print(
@@ -281,7 +288,9 @@ def main() -> None:
             )
         if args.speedup:
             largest = scales[-1]
-            one = run_fresh(Lake(work / f"lake-{largest}x"), sources, 1, baseline=False)
+            one = run_fresh(
+                Lake(work / f"lake-{largest}x"), sources, 1, baseline=False, part_rows=args.part_rows
+            )
             both = measured[largest]
             speedup = (one["cluster_s"] + one["apply_s"]) / (both["cluster_s"] + both["apply_s"])
             print(

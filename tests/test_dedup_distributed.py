@@ -97,6 +97,16 @@ def test_partitioned_clusters_equal_the_single_process_reference(tmp_path, seed,
     assert clusters["id"].equals(shard["id"])
 
 
+def test_as_ray_tasks_too(tmp_path, local_ray):
+    signatures = compute_signatures(corpus(4), CONFIG)
+    lake = Lake(tmp_path / "lake")
+    write_signatures(lake, signatures, shards=3, rng=random.Random(4))
+    result = cluster_partitioned(lake, SOURCES, CONFIG, workers=2, parts=3, shuffle_partitions=2)
+    assert result.rounds >= 2  # chains crossed partitions
+    reference = find_duplicate_clusters(signatures, CONFIG, SOURCES)
+    assert sorted_rows(lake.read_table("dedup_clusters")) == sorted_rows(reference)
+
+
 def test_exact_verification_also_equals_the_reference(tmp_path):
     config = MinHashConfig(verification="exact")
     signatures = compute_signatures(corpus(5), config)

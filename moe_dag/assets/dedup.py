@@ -10,7 +10,9 @@ ones, so its rows do not flow on. After any sequence of per-source backfills the
 full recomputation (tests/test_dedup_backfill.py).
 
 `minhash_signatures` and `deduplicated` run shard by shard on the data-plane engine (one output file
-per input shard); the global step reads the signature files through `_signature_files`, never texts.
+per input shard). The global step reads signature files only, never texts, and runs in partitions as
+Ray tasks (`moe_dag/data/dedup/partitioned.py`); it writes one cluster file per signature shard, so
+each `deduplicated` task reads only the cluster rows of the shard it processes.
 """
 
 import functools
@@ -72,7 +74,7 @@ def minhash_signatures(
 
 @dg.asset(
     group_name="curation",
-    kinds={"duckdb", "parquet"},
+    kinds={"ray", "parquet"},
     deps=["minhash_signatures"],
     # the order of the sources is the survivor priority
     metadata=operated(1, "dedup", "source_names", started_by="dedup_consistency"),

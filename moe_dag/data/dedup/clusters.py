@@ -13,11 +13,15 @@ does the heavy lifting, so it can spill to disk when the signatures outgrow memo
 3. Bands: `band_pairs` hashes each band (r signature rows) of every representative and joins on equal
    (band, bucket), yielding each pair of rows that share a bucket. Bands are independent: `workers`
    threads share them out, each with its own DuckDB cursor (at scale, Ray tasks or machines, each a
-   list of bands; only their pairs travel).
+   list of bands; only their pairs travel; `partitioned` shuffles the buckets instead).
 4. Verify: each distinct candidate pair joins a cluster only if its Jaccard similarity reaches the
    threshold: estimated from the full signatures (equal rows / K) by default, or exact on the stored
    shingle sets with `verification: exact`. Signatures stream through in record batches.
 5. Union-find over the verified pairs, started from the exact groups (numpy; see `_components`).
+
+This is the single-process reference: the pipeline clusters in partitions on Ray
+(`partitioned.cluster_partitioned`), and the tests hold that to this function's output. The stage that
+applies clusters reads one shard's cluster file in step with the shard's documents (`ShardClusters`).
 
 `cluster_versions` fingerprints each source's decisions: a `deduplicated` partition records the version
 it was built from, and a partition whose version differs from the current one is stale.

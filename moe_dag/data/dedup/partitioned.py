@@ -51,6 +51,8 @@ from moe_dag.data.lake import Lake
 CLUSTERS_STAGE = "dedup_clusters"
 SIGNATURES_STAGE = "minhash_signatures"
 _MIX = np.uint64(0x9E3779B97F4A7C15)
+# Rows per part: a part's signatures (~0.5 KB a row) and its shuffle shares fit a task in ~2 GB.
+PART_ROWS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -119,16 +121,19 @@ def cluster_partitioned(
     config: MinHashConfig,
     *,
     workers: int = 0,
+    part_rows: int = PART_ROWS,
     parts: int | None = None,
     shuffle_partitions: int | None = None,
 ) -> PartitionedClusters:
     """Cluster the signatures of `sources` (in survivor priority order) and write `dedup_clusters`.
 
     `workers` 0 runs every step in this process, one task after another; otherwise as Ray tasks on the
-    connected Ray (`workers` sizes the partition counts: one per worker unless given)."""
+    connected Ray. Parts (unless `parts` is given) hold about `part_rows` rows, at least one per worker:
+    a task's memory follows the part, not the corpus. Shuffle partitions default to the parts' count."""
     files = signature_files(lake, sources)
-    planned = plan_parts(files, parts or max(1, workers))
-    shuffles = shuffle_partitions or max(1, workers)
+    wanted = parts or max(1, workers, -(-sum(f.rows for f in files) // part_rows))
+    planned = plan_parts(files, wanted)
+    shuffles = shuffle_partitions or len(planned)
     run = RayTasks() if workers else InProcess()
     starts = np.array([p.start for p in planned], dtype=np.int64)
     n_parts = len(planned)
@@ -261,7 +266,8 @@ def _only_output(fn: Callable, *args: Any) -> Any:
 def _read_part(part: Part, lake_url: str, columns: list[str]) -> pa.Table:
     lake = Lake(lake_url)
     tables = [lake.read_file(f.path, columns) for f in part.files]
-    return pa.concat_tables(tables) if tables else pa.table({c: [] for c in columns})
+    # One chunk: `take` on a table of many small chunks costs far more than the copy.
+    return pa.concat_tables(tables).combine_chunks() if tables else pa.table({c: [] for c in columns})
 
 
 def _part_of(nodes: np.ndarray, starts: np.ndarray) -> np.ndarray:
@@ -276,6 +282,7 @@ def _split(values: np.ndarray, destination: np.ndarray, count: int) -> list[np.n
 
 
 def _split_table(table: pa.Table, destination: np.ndarray, count: int) -> list[pa.Table]:
+    table = table.combine_chunks()
     order = np.argsort(destination, kind="stable")
     bounds = np.searchsorted(destination[order], np.arange(count + 1))
     return [table.take(order[bounds[i] : bounds[i + 1]]) for i in range(count)]
@@ -383,7 +390,7 @@ def _verify(
     """Step 3b: the candidates whose second node is here that reach the threshold, with the exact edges
     of this part's members: the part's edge partition, then the nodes it holds split by part."""
     left, exact = inputs[:n_left], inputs[n_left:]
-    candidates = pa.concat_tables(left)
+    candidates = pa.concat_tables(left).combine_chunks()
     column = similarity_column(config)
     values = _read_part(part, lake_url, [column])[column]
     b = candidates["b"].to_numpy()
@@ -452,7 +459,7 @@ def _members(
 def _survivors(starts: np.ndarray, *members: pa.Table) -> list[pa.Table]:
     """Step 5b: per component, the member first in (source priority, id) survives; each member gets
     its survivor's node, id, content hash and signature, split by the member's part."""
-    table = pa.concat_tables(members)
+    table = pa.concat_tables(members).combine_chunks()
     order = [("component", "ascending"), ("rank", "ascending"), ("id", "ascending")]
     table = table.take(pc.sort_indices(table, sort_keys=order))
     component = table["component"].to_numpy()
@@ -476,7 +483,7 @@ def _write_part(part: Part, lake_url: str, config: MinHashConfig, *survivors: pa
     """Step 6: the part's cluster rows, one file per signature file, in the signature file's order."""
     lake = Lake(lake_url)
     table = _read_part(part, lake_url, ["id", "source"])
-    touched = pa.concat_tables(survivors)
+    touched = pa.concat_tables(survivors).combine_chunks()
     touched = touched.filter(pc.not_equal(touched["node"], touched["survivor_node"]))
     row = touched["node"].to_numpy() - part.start
     exact = pc.equal(touched["content_hash"], touched["survivor_hash"]).to_numpy(zero_copy_only=False)
