@@ -8,9 +8,11 @@ import pytest
 import yaml
 from test_dedup_backfill import pipeline_config, sentence_text, write_shard
 
+from moe_dag.config import load_config
 from moe_dag.orchestration.check_holds import CheckHolds, HeldByCheck
 from moe_dag.orchestration.definitions import build_definitions
 from moe_dag.orchestration.pipeline import materialize_all
+from moe_dag.orchestration.staleness import Staleness
 
 
 def materialized(instance: dg.DagsterInstance, asset: str, partition: str | None = None) -> bool:
@@ -60,6 +62,18 @@ def test_an_emptied_source_stays_held_in_later_runs_until_it_passes(tmp_path):
     assert holds.holding(["minhash_signatures"], "b") == []
     assert holds.holding(["dedup_clusters"], None) == []
 
+    # Issue 21, defect 3: one source's own settings make only that source's partitions stale.
+    raw = yaml.safe_load(config.read_text())
+    raw["sources"][0]["languages"] = ["en"]
+    changed = tmp_path / "changed.yaml"
+    changed.write_text(yaml.safe_dump(raw))
+    staleness = Staleness(instance, build_definitions(changed), load_config(changed))
+    assert (
+        staleness.reason("prefiltered", "a")
+        == "stale: the settings of source 'a' that prefiltered reads changed"
+    )
+    assert staleness.reason("minhash_signatures", "a") is None  # it reads no per-source settings
+
 
 def test_a_check_bound_is_part_of_the_code_version_of_the_asset_it_checks(tmp_path):
     """Changing `checks.min_head_f1` makes quality_heads stale (so its check runs again), nothing else."""
@@ -76,3 +90,32 @@ def test_a_check_bound_is_part_of_the_code_version_of_the_asset_it_checks(tmp_pa
         if before.get(key).code_version != after.get(key).code_version
     }
     assert differ == {"quality_heads"}
+
+
+def test_one_sources_settings_change_no_code_version_and_only_that_sources_config_version(tmp_path):
+    """Issue 21, defect 3: a source's override used to change the code version of `prefiltered` for
+    every source; now it changes only that source's settings version (recorded per run)."""
+    from moe_dag.orchestration.automation import source_config_version
+
+    config = pipeline_config(tmp_path, tmp_path / "corpus", "per_source")
+    raw = yaml.safe_load(config.read_text())
+    raw["sources"][1]["languages"] = ["en"]
+    raw["checks"] = {"max_drop_share_by_source": {"b": {"default": 0.9}}}
+    changed = tmp_path / "changed.yaml"
+    changed.write_text(yaml.safe_dump(raw))
+    before, after = build_definitions(config), build_definitions(changed)
+    old, new = before.resolve_asset_graph(), after.resolve_asset_graph()
+    assert all(old.get(key).code_version == new.get(key).code_version for key in old.get_all_asset_keys())
+    spec_before = next(
+        spec for asset in before.assets for spec in asset.specs if spec.key.path == ["prefiltered"]
+    )
+    spec_after = next(
+        spec for asset in after.assets for spec in asset.specs if spec.key.path == ["prefiltered"]
+    )
+    old_config, new_config = load_config(config), load_config(changed)
+    assert source_config_version(spec_before, old_config, "a") == source_config_version(
+        spec_after, new_config, "a"
+    )
+    assert source_config_version(spec_before, old_config, "b") != source_config_version(
+        spec_after, new_config, "b"
+    )

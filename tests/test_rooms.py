@@ -100,4 +100,4 @@ def test_every_asset_declares_its_stage_version_and_the_config_it_reads():
         for spec in asset.specs:
             declared = operation(spec)
             for path in declared.config_reads:
-                config_value(config, path)  # every declared path exists in the config
+                config_value(config, path, config.source_names[0])  # every declared path exists

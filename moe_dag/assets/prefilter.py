@@ -25,7 +25,7 @@ from moe_dag.orchestration.resources import PipelineResource, RayResource
         "sources.languages",
         "sources.prefilter",
         "checks.max_drop_share",
-        "checks.max_drop_share_by_source",
+        "checks.max_drop_share_by_source.{source}",
     ),
     check_specs=decision_check_specs("prefiltered", DROP_SHARE),
 )

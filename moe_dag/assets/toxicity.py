@@ -19,7 +19,7 @@ from moe_dag.orchestration.resources import PipelineResource, RayResource
     kinds={"parquet", "ray"},
     deps=["deduplicated"],
     metadata=operated(
-        1, "toxicity", "sources.kind", "checks.max_drop_share", "checks.max_drop_share_by_source"
+        1, "toxicity", "sources.kind", "checks.max_drop_share", "checks.max_drop_share_by_source.{source}"
     ),
     check_specs=decision_check_specs("toxicity_filtered", DROP_SHARE),
 )

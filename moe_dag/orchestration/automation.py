@@ -40,22 +40,59 @@ TAG_SOURCE = "moe_dag/source"
 TAG_CONFIG_VERSION = "moe_dag/config_version"
 TAG_LAUNCHED_BY = "moe_dag/launched_by"
 TAG_NEW_SHARDS = "moe_dag/new_shards"
+TAG_SOURCE_CONFIG = "moe_dag/source_config_versions"
+SOURCE = "{source}"  # in a declared config path: the partition's source name
 
 
 def code_version(spec: dg.AssetSpec, config: PipelineConfig) -> str:
-    """The asset's declared stage version plus a digest of the config it declares it reads."""
+    """The asset's declared stage version plus a digest of the config it declares it reads. A
+    per-source asset leaves out what it reads per source: one source's settings must not make every
+    source's partition stale, so those are versioned per partition (`source_config_version`)."""
     declared = operation(spec)
-    read = repr([(path, config_value(config, path)) for path in declared.config_reads]).encode()
-    return f"{declared.version}-{hashlib.blake2b(read, digest_size=6).hexdigest()}"
+    partitioned = spec.partitions_def is not None
+    reads = [path for path in declared.config_reads if not (partitioned and per_source(path))]
+    if not partitioned and any(SOURCE in path for path in reads):
+        raise ValueError(f"{spec.key.to_user_string()} is not per source but reads {reads}")
+    return f"{declared.version}-{_digest([(path, config_value(config, path)) for path in reads])}"
 
 
-def config_value(config: PipelineConfig, path: str) -> Any:
-    """The value at a dotted `path` of the config; `sources.<field>` is that field of every source."""
+def source_config_version(spec: dg.AssetSpec, config: PipelineConfig, source: str) -> str:
+    """A digest of what a per-source asset reads of one source's settings."""
+    reads = [path for path in operation(spec).config_reads if per_source(path)]
+    return _digest([(path, config_value(config, path, source)) for path in reads])
+
+
+def source_config_tags(assets: Sequence[dg.AssetsDefinition], config: PipelineConfig, source: str) -> dict:
+    """The run tag that records, per per-source asset, the version of `source`'s settings it read."""
+    versions = {
+        spec.key.to_user_string(): source_config_version(spec, config, source)
+        for asset in assets
+        for spec in asset.specs
+        if spec.partitions_def is not None
+    }
+    return {TAG_SOURCE_CONFIG: json.dumps(versions, sort_keys=True)}
+
+
+def per_source(path: str) -> bool:
+    return path.startswith("sources.") or SOURCE in path
+
+
+def config_value(config: Any, path: str, source: str | None = None) -> Any:
+    """The value at a dotted `path` of the config. `sources.<field>` is that field of `source`, or of
+    every source; `{source}` in a path stands for the source's name (a key of a per-source map)."""
     head, _, rest = path.partition(".")
     if head == "sources" and rest:
-        return [(source.name, config_value(source, rest)) for source in config.sources]
-    value = getattr(config, head)
-    return config_value(value, rest) if rest else value
+        chosen = [s for s in config.sources if source is None or s.name == source]
+        values = [(s.name, config_value(s, rest)) for s in chosen]
+        return values[0][1] if source is not None else values
+    if head == SOURCE:
+        head = source
+    value = config.get(head) if isinstance(config, dict) else getattr(config, head)
+    return config_value(value, rest, source) if rest else value
+
+
+def _digest(read: Any) -> str:
+    return hashlib.blake2b(repr(read).encode(), digest_size=6).hexdigest()
 
 
 def config_version(path: str | Path) -> str:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import dagster as dg
 
-from moe_dag.orchestration.automation import run_tags
+from moe_dag.orchestration.automation import run_tags, source_config_tags
 from moe_dag.orchestration.check_holds import CheckHolds, FailedCheck, HeldByCheck
 from moe_dag.orchestration.dagster_internals import DagsterAssetCheckFailedError
 from moe_dag.orchestration.definitions import build_definitions
@@ -144,7 +144,8 @@ def materialize_all(
                     instance=instance,
                     resources=definitions.resources,
                     run_config=QUIET_CONSOLE,
-                    tags=run_tags(config, launched_by, partition),
+                    tags=run_tags(config, launched_by, partition)
+                    | (source_config_tags(definitions.assets, config, partition) if partition else {}),
                     raise_on_error=True,
                 )
             except DagsterAssetCheckFailedError:

@@ -11,12 +11,15 @@ module uses the resolver behind them, through `dagster_internals`.
 
 from __future__ import annotations
 
+import json
+
 import dagster as dg
 
 from moe_dag.assets.dedup import VERSIONS
 from moe_dag.config import PipelineConfig
 from moe_dag.data.dedup import CLUSTER_VERSION
 from moe_dag.data.shard_ledger import LedgerChanges, ShardLedger, ledger_path, scan_shards
+from moe_dag.orchestration.automation import TAG_SOURCE_CONFIG, source_config_version
 from moe_dag.orchestration.dagster_internals import StaleStatus, stale_status_resolver
 
 
@@ -26,6 +29,7 @@ class Staleness:
     def __init__(self, instance: dg.DagsterInstance, definitions: dg.Definitions, config: PipelineConfig):
         self.resolver = stale_status_resolver(instance, definitions)
         self.instance, self.config = instance, config
+        self.specs = {spec.key: spec for asset in definitions.assets for spec in asset.specs}
 
     def reason(self, asset: str, partition: str | None) -> str | None:
         """Why `asset` (partition) needs a run ("missing", "stale: ...", "new shards: ..."), or None."""
@@ -36,10 +40,23 @@ class Staleness:
         if status == StaleStatus.STALE and not self._same_clusters_for_source(asset, partition):
             causes = self.resolver.get_stale_root_causes(key, partition)
             return "stale: " + "; ".join(sorted({_describe(cause) for cause in causes}))
+        if partition is not None and self._source_settings_changed(key, partition):
+            return f"stale: the settings of source {partition!r} that {asset} reads changed"
         if asset == "raw_documents" and partition is not None:
             changes = shard_changes(self.config, partition)
             return f"shards: {changes.describe()}" if changes else None
         return None
+
+    def _source_settings_changed(self, key: dg.AssetKey, source: str) -> bool:
+        """Whether the partition was built (by a run that recorded it) from other settings of its source
+        than the config's now; per-source settings are not in the asset's code version."""
+        records = self.instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=key, asset_partitions=[source]), limit=1
+        ).records
+        run = self.instance.get_run_by_id(records[0].run_id) if records else None
+        built = json.loads(run.tags.get(TAG_SOURCE_CONFIG, "{}")) if run else {}
+        asset = key.to_user_string()
+        return asset in built and built[asset] != source_config_version(self.specs[key], self.config, source)
 
     def _same_clusters_for_source(self, asset: str, partition: str | None) -> bool:
         """A `deduplicated` partition stale only because `dedup_clusters` was rebuilt, while the source's
