@@ -153,17 +153,15 @@ def test_any_language_source_keeps_languages_lid176_does_not_know():
     scores = language.score([ZULU])
     assert scores["language"][0] == "zu" and scores["language_model"][0] == "py3langid"
     assert reason([language], ZULU) is None
-    # Maori: neither model knows it; an any-language source keeps it as undetermined.
+    # Maori: neither model knows it (lid.176 guesses Cebuano at 0.50, py3langid Sesotho at 0.40): an
+    # any-language source keeps it for the rules after to judge; lid.176 alone drops it.
     maori = (
         "Ka whakaputaina e te komiti tana purongo whakamutunga mo te wai a te koanga e haere ake nei, a ka "
         "taea e nga tangata o te rohe te panui i roto i te whare pukapuka o te hapori."
     )
     assert reason([language], maori) is None
-    assert reason([LanguageFilter(languages=[], config=LanguageConfig(keep_unidentified=False))], maori) in (
-        None,
-        "language_unidentified",
-        "language_score_too_low",
-    )
+    lid176_alone = LanguageFilter(languages=[], config=PrefilterConfig.reference().language)
+    assert reason([lid176_alone], maori) == "language_score_too_low"
 
 
 def test_short_texts_fail_the_length_rule_not_language_id(english_prefilters):
@@ -334,7 +332,9 @@ def test_short_documents_are_scored_whole(toxicity_text):
 
 
 def test_share_of_toxic_lines_from_config():
-    text = GOOD_TEXT + "\nYou are such a loser, nobody wants you here.\nYou are such a loser, nobody wants you."
+    text = (
+        GOOD_TEXT + "\nYou are such a loser, nobody wants you here.\nYou are such a loser, nobody wants you."
+    )
     lenient = build_toxicity_filters(ToxicityConfig(max_toxic_share=0.5), "web")
     assert reason(build_toxicity_filters(ToxicityConfig(), "web"), text) == "toxic_lines"
     assert reason(lenient, text) is None
@@ -414,7 +414,7 @@ def test_every_filter_pickles_for_a_worker(english_prefilters, toxicity_text):
 
 def test_documents_in_other_languages_get_the_stricter_cut(toxicity_text):
     """The classifier read English only: at 0.5 it flagged clean translated messages in the demo."""
-    text = GOOD_TEXT + "\nYou are such a loser, nobody wants you here."
+    text = GOOD_TEXT + "\nYou are such a loser, nobody wants you here." * 2  # past max_toxic_share
     english, _ = run_filters(pa.table({"text": [text], "language": ["en"]}), toxicity_text)
     german, _ = run_filters(pa.table({"text": [text], "language": ["de"]}), toxicity_text)
     assert english["reason"][0].as_py() == "toxic_lines"
