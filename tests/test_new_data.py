@@ -168,9 +168,12 @@ def test_staleness_follows_new_shards_and_config_and_a_source_backfill_is_byte_i
     curated, monkeypatch
 ):
     corpus, config_path, defs, instance = curated
-    monkeypatch.setattr(
-        pipeline, "STAGES", [(PER_SOURCE, True), (["dedup_clusters"], False), (AFTER_CLUSTERS, True)]
-    )
+    curation = [
+        pipeline.Stage(PER_SOURCE, per_source=True),
+        pipeline.Stage(["dedup_clusters"], per_source=False),
+        pipeline.Stage(AFTER_CLUSTERS, per_source=True),
+    ]
+    monkeypatch.setattr(pipeline, "stages", lambda definitions: curation)
 
     def reasons(definitions=defs) -> dict[tuple[str, str | None], str]:
         staleness = Staleness(instance, definitions, load_config(config_path))
