@@ -139,13 +139,18 @@ def cluster_partitioned(
     n_parts = len(planned)
     common = (lake.url, config)
 
+    # Each step's handles are dropped once the next step has them, so Ray frees what was consumed:
+    # the driver owns every intermediate object.
     buckets = [run(_bucket_rows, shuffles, p, *common, shuffles) for p in planned]
     candidates = [
         run(_candidates, 2 * n_parts + 1, starts, *[b[s] for b in buckets]) for s in range(shuffles)
     ]
+    counts = [c[2 * n_parts] for c in candidates]
     pairs_by_part = [[c[q] for c in candidates] for q in range(n_parts)]
     exact_by_part = [[c[n_parts + q] for c in candidates] for q in range(n_parts)]
+    del buckets, candidates
     left = [run(_attach_left, n_parts, p, starts, *common, *pairs_by_part[q]) for q, p in enumerate(planned)]
+    del pairs_by_part
     verified = [
         run(
             _verify,
@@ -159,16 +164,20 @@ def cluster_partitioned(
         )
         for q, p in enumerate(planned)
     ]
+    del left, exact_by_part
     labels, rounds, requests = merge_labels(run, planned, verified)
+    del verified
     members = [
         run(_members, n_parts, p, starts, *common, list(sources), labels[q], *requests[q])
         for q, p in enumerate(planned)
     ]
+    del labels, requests
     survivors = [run(_survivors, n_parts, starts, *[m[r] for m in members]) for r in range(n_parts)]
+    del members
     written = run.get(
         [run(_write_part, None, p, *common, *[s[q] for s in survivors]) for q, p in enumerate(planned)]
     )
-    candidates_count = sum(run.get([c[2 * n_parts] for c in candidates]))
+    candidates_count = sum(run.get(counts))
     paths = [path for part in written for path in part["files"]]
     _remove_other_files(lake, paths)
     return PartitionedClusters(
