@@ -2,13 +2,19 @@
 
 The classifier is alt-profanity-check's calibrated linear SVM over TF-IDF word features, trained on toxic
 comments and tweets and shipped inside the package. It was trained on single comments, so a long document
-is split into lines and a short one (a tweet, a one-line comment) is read whole. A document drops when at
-least `min_toxic_lines` of its lines score above `line_probability` and they are more than
-`max_toxic_line_share` of its scored lines. Every piece of every document in a batch goes through one
-`predict_prob` call: the vectoriser dominates the cost and it is far faster on one sparse matrix.
+is split into lines and a short one (a tweet, a one-line comment) is read whole. A line is toxic above
+`line_probability`. A long document is judged as a whole: it drops when its toxic lines hold more than
+`max_toxic_share` of the words of its scored lines (and number at least `min_toxic_lines`), or when one
+line scores above `single_line_probability`, a bar only plain abuse reaches. One odd line under the high
+bar does not drop it: headings such as "Rear naked choke" (0.76), "Petals on a wet, black bough." (0.77)
+or "Prelude canyon battle" (0.54) over a neutral article dropped 7 of 69 real encyclopedia articles at the
+former any-line rule (issue 20). Every piece of every document in a batch goes through one `predict_prob`
+call: the vectoriser dominates the cost and it is far faster on one sparse matrix.
 
 Defaults: `line_probability` 0.5 for text, from the labelled real tweets measured in issue 10 (precision
-0.98 at recall 0.92 on the worst line; the former 0.99 cut gave 1.0 at 0.64). Code stays stricter
+0.98 at recall 0.92 on the worst line; the former 0.99 cut gave 1.0 at 0.64). `max_toxic_share` 0.1 and
+`single_line_probability` 0.98 come from `benchmarks/toxicity.py` (precision, recall and the figures
+behind the choice are there and in docs/filters.md). Code stays stricter
 (0.95 and two lines): of the standard library's 74,000 lines of three words or more, "kill = terminate"
 scores 0.95, and a cut of 0.5 drops ordinary modules for "kill", "abort", "dummy" and "execute". The
 model read English only: documents language ID placed in another language get
@@ -59,11 +65,14 @@ class ToxicityConfig:
     # The model was trained on English: on documents language ID found in another language, 0.5 flagged
     # 67 of the demo's 626 clean translated-message documents; 0.95 keeps insults in English lines.
     line_probability_other_languages: float = 0.95
-    # A document drops when at least `min_toxic_lines` of its lines are toxic and they are more than
-    # `max_toxic_line_share` of its scored lines.
+    # A long document drops when its toxic lines (at least `min_toxic_lines`) hold more than
+    # `max_toxic_share` of the words of its scored lines: a heading over an article holds 1-3% ...
     min_toxic_lines: int = 1
     min_toxic_lines_code: int = 2
-    max_toxic_line_share: float = 0.0
+    max_toxic_share: float = 0.1
+    # ... or when one line scores above this bar, whatever its share. Lines of real clean documents reached
+    # 0.96 (a list of names starting "Dick"); the insults of the demo corpus score 0.99 and more.
+    single_line_probability: float = 0.98
     # Lines with fewer words are not scored alone: one word ("damn", "kill") is too little for the model.
     min_line_words: int = 3
     # A document this short (a tweet, a one-line comment) is scored as a whole, as the model was trained.
@@ -74,13 +83,12 @@ class ToxicityConfig:
     extra_blocklist: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("line_probability", "line_probability_code", "line_probability_other_languages"):
+        cuts = ("line_probability", "line_probability_code", "line_probability_other_languages")
+        for name in (*cuts, "single_line_probability"):
             if not 0.0 < getattr(self, name) < 1.0:
                 raise ValueError(f"ToxicityConfig.{name} must lie in (0, 1), got {getattr(self, name)}")
-        if not 0.0 <= self.max_toxic_line_share < 1.0:
-            raise ValueError(
-                f"ToxicityConfig.max_toxic_line_share must lie in [0, 1), got {self.max_toxic_line_share}"
-            )
+        if not 0.0 <= self.max_toxic_share < 1.0:
+            raise ValueError(f"ToxicityConfig.max_toxic_share must lie in [0, 1), got {self.max_toxic_share}")
         if (
             min(self.min_toxic_lines, self.min_toxic_lines_code, self.min_line_words, self.blocklist_min_hits)
             < 1
@@ -93,7 +101,8 @@ class ToxicityConfig:
 
 
 class ToxicLinesFilter(DocumentFilter):
-    """Drop documents with enough lines (or, when short, a whole text) the classifier calls toxic."""
+    """Drop documents whose toxic lines hold enough of their words, or one of whose lines (or, when short,
+    the whole text) scores above the high bar."""
 
     name = "toxicity_classifier"
     reasons = ("toxic_lines",)
@@ -105,7 +114,8 @@ class ToxicLinesFilter(DocumentFilter):
         line_probability: float,
         min_line_words: int,
         min_toxic_lines: int,
-        max_toxic_line_share: float = 0.0,
+        max_toxic_share: float = 0.0,
+        single_line_probability: float | None = None,
         whole_document_words: int = 0,
         line_probability_other_languages: float | None = None,
     ) -> None:
@@ -113,7 +123,8 @@ class ToxicLinesFilter(DocumentFilter):
         self.line_probability_other_languages = line_probability_other_languages or line_probability
         self.min_line_words = min_line_words
         self.min_toxic_lines = min_toxic_lines
-        self.max_toxic_line_share = max_toxic_line_share
+        self.max_toxic_share = max_toxic_share
+        self.single_line_probability = single_line_probability
         self.whole_document_words = whole_document_words
         self._predict_prob: Any = None  # loaded on first use, so the filter pickles small for a Ray actor
 
@@ -133,8 +144,10 @@ class ToxicLinesFilter(DocumentFilter):
                 owner.append(i)
         toxicity_max = np.zeros(len(texts), dtype=np.float32)
         toxic_lines = np.zeros(len(texts), dtype=np.int64)
-        scored_lines = np.zeros(len(texts), dtype=np.int64)
+        toxic_words = np.zeros(len(texts), dtype=np.int64)
+        scored_words = np.zeros(len(texts), dtype=np.int64)
         if pieces:
+            words = np.array([len(piece.split()) for piece in pieces], dtype=np.int64)
             probability = self._predict_prob(pieces)
             # The cut for each document: English, or not identified, gets `line_probability`.
             cut = np.array(
@@ -143,11 +156,13 @@ class ToxicLinesFilter(DocumentFilter):
                     for lang in (language or [None] * len(texts))
                 ]
             )
+            toxic = probability > cut[np.array(owner)]
             np.maximum.at(toxicity_max, owner, probability)
-            np.add.at(toxic_lines, owner, probability > cut[np.array(owner)])
-            np.add.at(scored_lines, owner, 1)
-        share = toxic_lines / np.maximum(scored_lines, 1)
-        return {"toxicity_max": toxicity_max, "toxic_lines": toxic_lines, "toxic_line_share": share}
+            np.add.at(toxic_lines, owner, toxic)
+            np.add.at(toxic_words, owner, np.where(toxic, words, 0))
+            np.add.at(scored_words, owner, words)
+        share = toxic_words / np.maximum(scored_words, 1)
+        return {"toxicity_max": toxicity_max, "toxic_lines": toxic_lines, "toxic_share": share}
 
     def _pieces(self, text: str) -> list[str]:
         """What the classifier reads: the whole text when short, else each line of enough words."""
@@ -156,8 +171,11 @@ class ToxicLinesFilter(DocumentFilter):
         return [line for line in text.split("\n") if len(line.split()) >= self.min_line_words]
 
     def decide(self, text: str, scores: dict[str, Any]) -> str | None:
+        bar = self.single_line_probability
+        if bar is not None and scores["toxicity_max"] > bar:
+            return "toxic_lines"
         toxic = scores["toxic_lines"] >= self.min_toxic_lines
-        return "toxic_lines" if toxic and scores["toxic_line_share"] > self.max_toxic_line_share else None
+        return "toxic_lines" if toxic and scores["toxic_share"] > self.max_toxic_share else None
 
 
 class BlocklistFilter(DocumentFilter):
@@ -190,7 +208,10 @@ def build_toxicity_filters(config: ToxicityConfig, kind: str) -> list[DocumentFi
             line_probability=config.line_probability_code if code else config.line_probability,
             min_line_words=config.min_line_words,
             min_toxic_lines=config.min_toxic_lines_code if code else config.min_toxic_lines,
-            max_toxic_line_share=config.max_toxic_line_share,
+            # Code keeps its count of lines: a comment is a small share of a file, and its one-line bar is
+            # the line cut itself (0.95).
+            max_toxic_share=0.0 if code else config.max_toxic_share,
+            single_line_probability=None if code else config.single_line_probability,
             whole_document_words=0 if code else config.whole_document_words,
             line_probability_other_languages=None if code else config.line_probability_other_languages,
         ),
