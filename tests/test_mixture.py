@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from moe_dag.assets.bounds import untrained_sources
 from moe_dag.data.mixture import (
     MixtureConfig,
     MixtureSampler,
@@ -359,9 +360,18 @@ def test_every_prefix_of_rows_keeps_the_shares_and_the_row_counts_say_so(built):
 
 @pytest.mark.parametrize(
     ("documents", "fraction", "minimum", "expected"),
-    [(1000, 0.05, 50, 50), (2000, 0.05, 50, 100), (30, 0.05, 50, 30), (50, 0.05, 50, 50), (200, 0.0, 0, 0)],
+    [
+        (1000, 0.05, 50, 50),
+        (2000, 0.05, 50, 100),
+        # A small source gives at most half of its documents to evaluation (issue 20: all of them before).
+        (30, 0.05, 50, 15),
+        (50, 0.05, 50, 25),
+        (101, 0.05, 50, 50),
+        (1, 0.05, 50, 0),
+        (200, 0.0, 0, 0),
+    ],
 )
-def test_heldout_takes_the_minimum_per_source_or_the_whole_source(documents, fraction, minimum, expected):
+def test_heldout_takes_the_minimum_per_source_and_at_most_half(documents, fraction, minimum, expected):
     assert heldout_count(documents, fraction, minimum) == expected
     table = pa.table({"id": [f"d{i}" for i in range(documents)], "text": ["x"] * documents})
     train, held = split_heldout(table, fraction, minimum)
@@ -373,17 +383,26 @@ def test_heldout_takes_the_minimum_per_source_or_the_whole_source(documents, fra
     )
 
 
-def test_a_source_smaller_than_the_minimum_is_scored_but_not_trained(corpus, tmp_path):
+def test_heldout_share_cap_comes_from_config():
+    assert heldout_count(30, 0.05, 50, max_share=1.0) == 30  # the former rule: held out whole
+    assert heldout_count(30, 0.05, 50, max_share=0.2) == 6
+    with pytest.raises(ValueError, match="heldout_max_share"):
+        MixtureConfig(weights={"a": 1.0}, heldout_max_share=0.0)
+
+
+def test_a_source_smaller_than_the_minimum_still_trains(corpus, tmp_path):
+    """Defect from issue 20: a source of 50 or fewer documents went whole to the held-out set and got
+    no training tokens, its mixture weight silently moved to the other sources."""
     documents, tokenizer = corpus
     report = build_mixture(documents, tokenizer, replace(CONFIG, heldout_min_documents=50), tmp_path)
     heldout = pq.read_table(tmp_path / "heldout.parquet")
     per_source = {s: heldout["source"].to_pylist().count(s) for s in ("cc", "code", "math")}
-    assert per_source == {"cc": 50, "code": 50, "math": 30}
+    assert per_source == {"cc": 50, "code": 40, "math": 15}  # code has 80 documents, math 30
     math = report["sources"]["math"]
-    assert not math["trained"] and math["tokens"] == 0 and math["train_documents"] == 0
-    assert report["sources"]["cc"]["trained"] and report["sources"]["code"]["trained"]
-    assert any("'math'" in warning and "not trained on" in warning for warning in report["warnings"])
-    assert np.load(tmp_path / "train_source_tokens.npy")[:, report["source_columns"].index("math")].sum() == 0
-    everything_held = replace(CONFIG, heldout_min_documents=1000)
-    with pytest.raises(ValueError, match="every source is held out whole"):
-        build_mixture(documents, tokenizer, everything_held, tmp_path / "none")
+    assert math["trained"] and math["tokens"] > 0 and math["train_documents"] == 15
+    assert untrained_sources(report["sources"], CONFIG.weights) == []
+    held_whole = replace(CONFIG, heldout_min_documents=50, heldout_max_share=1.0)
+    report = build_mixture(documents, tokenizer, held_whole, tmp_path / "whole")
+    assert not report["sources"]["math"]["trained"]
+    (problem,) = untrained_sources(report["sources"], CONFIG.weights)
+    assert "'math'" in problem and "no training tokens" in problem and "heldout_max_share" in problem

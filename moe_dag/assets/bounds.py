@@ -40,6 +40,11 @@ class ChecksConfig:
     min_loss_drop_fraction: float = 0.01
     # Router: max(load) / mean(load) per MoE layer at the last step (1.0 is perfect balance).
     max_expert_load_over_mean: float = 2.0
+    # A language with at least this many documents at the input of a curation stage must keep one: a
+    # stage that drops all of them is blocked (a sentence rule that reads only Latin terminators, a
+    # language ID that does not know the language, an oracle that scores one script). Languages below
+    # it are too few to tell a broken rule from chance. 0 turns the check off.
+    min_language_documents: int = 20
 
     def __post_init__(self) -> None:
         shares = {f"max_drop_share.{reason}": share for reason, share in self.max_drop_share.items()}
@@ -63,6 +68,10 @@ class ChecksConfig:
         if not 0.0 < self.loss_window_fraction <= 0.5:
             raise ValueError(
                 f"checks.loss_window_fraction must be in (0, 0.5], got {self.loss_window_fraction}"
+            )
+        if self.min_language_documents < 0:
+            raise ValueError(
+                f"checks.min_language_documents must not be negative, got {self.min_language_documents}"
             )
         if self.max_expert_load_over_mean < 1.0:
             raise ValueError(
@@ -106,6 +115,35 @@ def emptied_source(
         f"for this source (sources[{source}].prefilter or .languages for the prefilter, toxicity.* "
         f"otherwise), or remove {source!r} from sources"
     )
+
+
+def lost_languages(
+    stage: str, source: str, by_language: Mapping[str, tuple[int, int]], config: ChecksConfig
+) -> list[str]:
+    """One sentence per language that reached `stage` with at least checks.min_language_documents
+    documents and kept none; `by_language` maps a language to (documents in, documents kept)."""
+    floor = config.min_language_documents
+    if floor == 0:
+        return []
+    return [
+        f"{stage}[{source}]: language {language!r} lost all of its {rows_in} documents "
+        f"(checks.min_language_documents {floor}): look at the stage's drop reasons for it, e.g. "
+        f"SELECT reason, count(*) FROM {stage} WHERE language = '{language}' AND NOT keep GROUP BY reason"
+        for language, (rows_in, kept) in sorted(by_language.items())
+        if rows_in >= floor and kept == 0
+    ]
+
+
+def untrained_sources(shares: Mapping[str, Mapping[str, Any]], weights: Mapping[str, float]) -> list[str]:
+    """One sentence per source with a non-zero mixture weight that got no training tokens."""
+    return [
+        f"source {source!r} has mixture weight {weights[source]:g} but got no training tokens "
+        f"({figures['train_documents']} training and {figures['heldout_documents']} held-out documents): "
+        "its share went to the other sources. Lower mixture.heldout_max_share, or loosen the curation "
+        "rules that left it this small"
+        for source, figures in sorted(shares.items())
+        if weights.get(source, 0.0) > 0 and figures["tokens"] == 0
+    ]
 
 
 def duplicate_share_violation(source: str, rows_in: int, duplicates: int, config: ChecksConfig) -> str | None:

@@ -16,7 +16,7 @@ import dagster as dg
 import pyarrow as pa
 from tokenizers import Tokenizer
 
-from moe_dag.assets.bounds import share_error_violations
+from moe_dag.assets.bounds import share_error_violations, untrained_sources
 from moe_dag.assets.operating import operated
 from moe_dag.assets.plots import bars_png, png_markdown
 from moe_dag.assets.reporting import problems_result
@@ -32,6 +32,7 @@ from moe_dag.orchestration.resources import PipelineResource, RayResource
 TOKENIZER_FILE = "tokenizer.json"
 TOKENS_STAGE = "tokenized_mixture/shards"
 HELDOUT_STAGE = "tokenized_mixture/heldout"
+WEIGHTED_SOURCES_TRAINED = "weighted_sources_trained"
 
 
 @dg.asset(
@@ -109,6 +110,7 @@ def _heldout_cuts(pipeline: PipelineResource) -> dict[str, int | None]:
             (i for batch in _kept_batches(pipeline, name, ["id", "keep"]) for i in batch["id"].to_pylist()),
             mixture.heldout_fraction,
             mixture.heldout_min_documents,
+            mixture.heldout_max_share,
         )
         for name in pipeline.config.source_names
     }
@@ -125,7 +127,14 @@ def _heldout_cuts(pipeline: PipelineResource) -> dict[str, int | None]:
             asset="tokenized_mixture",
             description="every source's achieved token share is within checks.max_share_error of its target "
             "(non-blocking: a small source at its epoch cap, or an emptied one, is worth a look, not a stop)",
-        )
+        ),
+        dg.AssetCheckSpec(
+            WEIGHTED_SOURCES_TRAINED,
+            asset="tokenized_mixture",
+            blocking=True,
+            description="every source with a non-zero mixture weight got training tokens (blocking: a source "
+            "held out whole, or left with nothing to train on, would move its weight silently to the others)",
+        ),
     ],
 )
 def tokenized_mixture(
@@ -172,6 +181,11 @@ def tokenized_mixture(
                     ),
                     "warnings": dg.MetadataValue.json(report["warnings"]),
                 },
-            )
+            ),
+            problems_result(
+                WEIGHTED_SOURCES_TRAINED,
+                untrained_sources(shares, pipeline.config.mixture.weights),
+                {"training_tokens": dg.MetadataValue.json({n: shares[n]["tokens"] for n in names})},
+            ),
         ],
     )

@@ -42,7 +42,7 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from moe_dag.data.atomic import atomic_path
-from moe_dag.data.mixture.heldout import heldout_count, split_heldout
+from moe_dag.data.mixture.heldout import HELDOUT_MAX_SHARE, heldout_count, split_heldout
 from moe_dag.data.mixture.sampler import MixtureSampler, check_weights
 from moe_dag.data.mixture.token_shards import SourceTokens, encode_documents, token_dtype, write_token_shard
 from moe_dag.data.tokenizer import eos_id
@@ -71,8 +71,10 @@ class MixtureConfig:
     seed: int = 0
     max_epochs: float = 4.0
     heldout_fraction: float = 0.05
-    # Held out per source at least this many documents, or the whole source when it has fewer.
+    # Held out per source at least this many documents, but never more than `heldout_max_share` of the
+    # source, so a small source still trains (1.0: a source smaller than the minimum is held out whole).
     heldout_min_documents: int = 50
+    heldout_max_share: float = HELDOUT_MAX_SHARE
     # The end-of-document token appended after every document; a pretrained tokenizer may name it differently.
     eos_token: str = "<|endoftext|>"
 
@@ -90,7 +92,9 @@ def build_mixture(
     sources: dict[str, SourceTokens] = {}
     heldout_parts: list[pa.Table] = []
     for source in sorted(documents):
-        train, held = split_heldout(documents[source], config.heldout_fraction, config.heldout_min_documents)
+        train, held = split_heldout(
+            documents[source], config.heldout_fraction, config.heldout_min_documents, config.heldout_max_share
+        )
         shard = write_token_shard(train, tokenizer, eos, out_dir / SHARDS_DIR, source)
         sources[source] = SourceTokens(source, [shard])
         heldout_parts.append(heldout_table(held, tokenizer, eos, source))
@@ -126,7 +130,8 @@ def pack_mixture(
     lengths = {source: tokens.lengths for source, tokens in sources.items() if len(tokens)}
     if not lengths:
         raise ValueError(
-            f"every source is held out whole (heldout_min_documents={config.heldout_min_documents}): "
+            f"every source is held out whole (heldout_min_documents={config.heldout_min_documents}, "
+            f"heldout_max_share={config.heldout_max_share}): "
             "nothing is left to train on"
         )
     weights = {source: config.weights[source] for source in lengths}
@@ -265,7 +270,8 @@ def _report(
         if not trained:
             warnings.append(
                 f"source {source!r} has only {heldout_counts[source]} documents, all held out for evaluation "
-                f"(heldout_min_documents={config.heldout_min_documents}): it is scored but not trained on, "
+                f"(heldout_min_documents={config.heldout_min_documents}, heldout_max_share="
+                f"{config.heldout_max_share}): it is scored but not trained on, "
                 "and the other sources' shares grow to fill its target"
             )
         if short:
