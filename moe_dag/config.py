@@ -1,8 +1,11 @@
 """The pipeline config: one YAML file names the sources, the lake and each stage's parameters.
 
 Each stage owns its small config dataclass next to its code (`PrefilterConfig` beside the filters,
-`MinHashConfig` beside dedup, ...); this module only reads the YAML into them, so a misspelt key fails
-at load time with the file and the key path instead of deep inside a run.
+`MinHashConfig` beside dedup, ...); this module only reads the YAML into them with the one strict
+loader (`moe_dag/training/strict_config.py`, shared with the model presets and `--set` overrides), so a
+misspelt key, a value of the wrong type, a duplicate key or a zero size fails at load time with the
+file and the key path instead of deep inside a run. Rules across fields (a code source takes no
+language list, mixture weights, the training preset and its overrides) are checked here too.
 
 Relative paths in the file resolve against the current working directory (the repository root when
 run through `make` or `dagster dev`).
@@ -10,17 +13,12 @@ run through `make` or `dagster dev`).
 
 from __future__ import annotations
 
-import dataclasses
-import math
+import copy
 import os
 import re
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
-
-import yaml
 
 from moe_dag.assets.bounds import ChecksConfig
 from moe_dag.data.dedup import MinHashConfig
@@ -32,7 +30,8 @@ from moe_dag.data.mixture import MixtureConfig
 from moe_dag.data.oracle import LabellingConfig, OpenAICompatibleConfig, VLLMEngineConfig
 from moe_dag.data.schema import SOURCE_KINDS, SourceKind
 from moe_dag.data.tokenizer import TokenizerConfig
-from moe_dag.training.config import apply_overrides, preset
+from moe_dag.training.config import Config, override_settings, preset
+from moe_dag.training.strict_config import ConfigError, build, checked_changes, read_yaml
 
 CONFIG_ENV_VAR = "MOE_DAG_CONFIG"
 DEFAULT_CONFIG = "configs/demo.yaml"
@@ -57,14 +56,22 @@ class SourceConfig:
     def __post_init__(self) -> None:
         # The name becomes a partition key, a lake folder (`source=<name>`) and a DuckDB value.
         if not SOURCE_NAME.fullmatch(self.name):
-            raise ValueError(
-                f"name {self.name!r} is not a safe identifier: use letters, digits, '_' and '-' "
-                "(at most 64, starting with a letter or digit)"
+            raise ConfigError(
+                f"{self.name!r} is not a safe identifier: use letters, digits, '_' and '-' "
+                "(at most 64, starting with a letter or digit)",
+                "name",
             )
         if self.kind not in SOURCE_KINDS:
-            raise ValueError(f"kind must be one of {list(SOURCE_KINDS)}, got {self.kind!r}")
+            raise ConfigError(f"expected one of {list(SOURCE_KINDS)}, got {self.kind!r}", "kind")
+        if self.kind == "code" and self.languages is not None:
+            # Language ID (fastText lid.176) names natural languages: on source code it drops nearly all.
+            raise ConfigError(
+                f"a source of kind 'code' takes no language list (null: language ID names natural "
+                f"languages, not programming languages), got {self.languages}",
+                "languages",
+            )
         if not 0 < self.keep_rate <= 1:
-            raise ValueError(f"keep_rate must be in (0, 1], got {self.keep_rate}")
+            raise ConfigError(f"must be in (0, 1], got {self.keep_rate}", "keep_rate")
 
 
 @dataclass(kw_only=True)
@@ -82,6 +89,8 @@ class OracleConfig:
             raise ValueError(f"oracle.backend must be rules, openai or vllm, got {self.backend!r}")
         if not 0.0 <= self.max_failure_rate <= 1.0:
             raise ValueError(f"oracle.max_failure_rate must be in [0, 1], got {self.max_failure_rate}")
+        if self.per_source < 1:
+            raise ConfigError(f"must be at least 1, got {self.per_source}", "per_source")
 
 
 @dataclass(kw_only=True)
@@ -92,13 +101,30 @@ class TrainingLaunchConfig:
     steps: int = 300
     seed: int = 0
     nproc_per_node: int = 1
-    overrides: dict[str, Any] = field(default_factory=dict)
+    overrides: dict[str, Any] = field(default_factory=dict)  # typed settings by dotted key
+    # What the trainer runs: the preset with steps, seed and overrides applied. Resolved once, when the
+    # pipeline config loads (in the Dagster process); the trainer receives it as a file, and the code
+    # version and run folder of every training asset are digests of it, so any change to a training
+    # setting (in the preset's file too) makes them stale and trains in a new folder.
+    resolved: Config = field(init=False)
 
     def __post_init__(self) -> None:
-        if self.steps < 1 or self.nproc_per_node < 1:
-            raise ValueError("steps and nproc_per_node must be at least 1")
-        # Checked here against the training config, not later inside the training process.
-        apply_overrides(preset(self.preset), [f"{key}={value}" for key, value in self.overrides.items()])
+        for name in ("steps", "nproc_per_node"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"must be at least 1, got {getattr(self, name)}", name)
+        try:
+            config = preset(self.preset)
+        except ConfigError as error:
+            raise error.within("preset") from None
+        config = override_settings(config, {"train.steps": self.steps, "train.seed": self.seed}, "")
+        self.resolved = override_settings(config, self.overrides, origin="", key="overrides")
+
+    def with_overrides(self, settings: dict[str, Any]) -> TrainingLaunchConfig:
+        """This launch with more overrides, applied to the resolved config (the preset is not read again)."""
+        changed = copy.copy(self)
+        changed.overrides = {**self.overrides, **settings}
+        changed.resolved = override_settings(self.resolved, settings, origin="", key="overrides")
+        return changed
 
 
 @dataclass(kw_only=True)
@@ -138,7 +164,8 @@ class PipelineConfig:
         raise KeyError(f"no source named {name!r} in {self.path}; sources: {self.source_names}")
 
     def prefilter_for(self, source: SourceConfig) -> PrefilterConfig:
-        return dataclasses.replace(self.prefilter, **source.prefilter)
+        """The prefilter section, then the changes for the source's kind, then the source's own block."""
+        return self.prefilter.for_kind(source.kind).with_changes(source.prefilter)
 
 
 def config_path_from_env() -> Path:
@@ -149,137 +176,46 @@ def load_config(path: str | Path) -> PipelineConfig:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"pipeline config {path} does not exist (set {CONFIG_ENV_VAR} to choose one)")
-    raw = yaml.safe_load(path.read_text()) or {}
+    origin = str(path)
+    raw = read_yaml(path) or {}
     if not isinstance(raw, dict):
-        raise ValueError(f"{path}: the top level must be a mapping")
+        raise ConfigError(f"the top level must be a mapping, got {type(raw).__name__}", origin=origin)
     raw["path"] = path
     # Mixture weights live on the sources, beside everything else about a source.
     mixture = raw.setdefault("mixture", {}) or {}
-    if "weights" in mixture:
-        raise ValueError(f"{path}: mixture.weights is taken from sources[].mixture_weight; remove it")
-    mixture["weights"] = {
-        s.get("name"): s.get("mixture_weight", 1.0) for s in raw.get("sources") or [] if isinstance(s, dict)
-    }
-    raw["mixture"] = mixture
-    config = _build(PipelineConfig, raw, path, "")
-    if not config.sources:
-        raise ValueError(f"{path}: 'sources' lists no source")
-    names = config.source_names
-    if len(set(names)) != len(names):
-        raise ValueError(f"{path}: source names must be unique, got {names}")
-    if not any(source.mixture_weight > 0 for source in config.sources):
-        raise ValueError(f"{path}: at least one source needs a mixture_weight above 0")
-    unknown_sources = sorted(set(config.checks.max_drop_share_by_source) - set(names))
-    if unknown_sources:
-        raise ValueError(f"{path}: checks.max_drop_share_by_source names unknown source(s) {unknown_sources}")
-    prefilter_hints = typing.get_type_hints(PrefilterConfig)
-    for source in config.sources:
-        where = f"sources[{source.name}].prefilter"
-        unknown = sorted(set(source.prefilter) - set(prefilter_hints))
-        if unknown:
-            raise ValueError(f"{path}: unknown key(s) {unknown} in {where}; known: {sorted(prefilter_hints)}")
-        source.prefilter = {
-            key: _coerce(prefilter_hints[key], value, path, f"{where}.{key}")
-            for key, value in source.prefilter.items()
+    if isinstance(mixture, dict) and "weights" in mixture:
+        raise ConfigError("taken from sources[].mixture_weight; remove it", "mixture.weights", origin)
+    if isinstance(mixture, dict):
+        sources = raw.get("sources") or []
+        mixture["weights"] = {
+            s.get("name"): s.get("mixture_weight", 1.0) for s in sources if isinstance(s, dict)
         }
-        try:
-            config.prefilter_for(source)
-        except (TypeError, ValueError) as error:
-            raise ValueError(f"{path}: {where}: {error}") from error
+    raw["mixture"] = mixture
+    config = build(PipelineConfig, raw, origin)
+    _check_across_fields(config, origin)
     return config
 
 
-def _build(cls: type, values: Any, path: Path, where: str) -> Any:
-    """Build dataclass `cls` from a YAML mapping, recursing into nested config dataclasses."""
-    if not isinstance(values, dict):
-        raise ValueError(f"{path}: {where or 'top level'} must be a mapping, got {values!r}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - set(fields))
-    if unknown:
-        raise ValueError(
-            f"{path}: unknown key(s) {unknown} in {where or 'top level'}; known: {sorted(fields)}"
+def _check_across_fields(config: PipelineConfig, origin: str) -> None:
+    if not config.sources:
+        raise ConfigError("lists no source", "sources", origin)
+    names = config.source_names
+    if len(set(names)) != len(names):
+        raise ConfigError(f"source names must be unique, got {names}", "sources", origin)
+    # Weights are relative shares: any non-negative numbers (checked on load), but not all zero.
+    if not any(source.mixture_weight > 0 for source in config.sources):
+        raise ConfigError("at least one source needs a mixture_weight above 0", "sources", origin)
+    unknown_sources = sorted(set(config.checks.max_drop_share_by_source) - set(names))
+    if unknown_sources:
+        raise ConfigError(
+            f"names unknown source(s) {unknown_sources}", "checks.max_drop_share_by_source", origin
         )
-    hints = typing.get_type_hints(cls)
-    kwargs = {
-        name: _coerce(hints[name], value, path, f"{where}.{name}" if where else name)
-        for name, value in values.items()
-    }
-    try:
-        return cls(**kwargs)
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"{path}: invalid {where or 'config'}: {error}") from error
-
-
-def _coerce(annotation: Any, value: Any, path: Path, where: str) -> Any:
-    """Check a YAML value against its field's annotation, building nested config dataclasses.
-
-    Types are checked exactly (a string is not a list, a bool is not a number); numbers must be finite
-    and not negative, and fields that are fractions, rates or probabilities must lie in [0, 1]. Ranges
-    particular to one field are checked by its dataclass.
-    """
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if annotation is Any:
-        return value
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for option in (a for a in args if a is not type(None)):
-            try:
-                return _coerce(option, value, path, where)
-            except ValueError as error:
-                errors.append(error)
-        raise errors[0] if len(errors) == 1 else _type_error(annotation, value, path, where)
-    if dataclasses.is_dataclass(annotation):
-        return _build(annotation, value, path, where)
-    if origin is Literal:
-        if value not in args:
-            raise ValueError(f"{path}: {where} must be one of {list(args)}, got {value!r}")
-        return value
-    if origin in (list, tuple):
-        if not isinstance(value, list | tuple):
-            raise _type_error(annotation, value, path, where)
-        items = [_coerce(args[0], item, path, f"{where}[{i}]") for i, item in enumerate(value)]
-        return items if origin is list else tuple(items)
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise _type_error(annotation, value, path, where)
-        return {
-            _coerce(args[0], key, path, f"{where} key {key!r}"): _coerce(
-                args[1], item, path, f"{where}.{key}"
-            )
-            for key, item in value.items()
-        }
-    if annotation is bool:
-        if not isinstance(value, bool):
-            raise _type_error(annotation, value, path, where)
-        return value
-    if annotation in (int, float):
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise _type_error(annotation, value, path, where)
-        if annotation is int and not float(value).is_integer():
-            raise _type_error(annotation, value, path, where)
-        return _check_number(annotation(value), path, where)
-    if annotation in (str, Path):
-        if not isinstance(value, str | Path):
-            raise _type_error(annotation, value, path, where)
-        return annotation(value)
-    return value
-
-
-UNIT_INTERVAL_SUFFIXES = ("fraction", "rate", "probability", "utilization")
-
-
-def _check_number(number: float, path: Path, where: str) -> float:
-    name = where.rsplit(".", 1)[-1]
-    if not math.isfinite(number) or number < 0:
-        raise ValueError(f"{path}: {where} must be a finite number >= 0, got {number!r}")
-    if name.endswith(UNIT_INTERVAL_SUFFIXES) and number > 1:
-        raise ValueError(f"{path}: {where} must lie between 0 and 1, got {number!r}")
-    return number
-
-
-def _type_error(annotation: Any, value: Any, path: Path, where: str) -> ValueError:
-    generic = typing.get_origin(annotation) is not None
-    expected = str(annotation).replace("typing.", "") if generic else annotation.__name__
-    return ValueError(f"{path}: {where} must be {expected}, got {type(value).__name__} {value!r}")
+    for index, source in enumerate(config.sources):
+        key = f"sources[{index}].prefilter"
+        source.prefilter = checked_changes(PrefilterConfig, source.prefilter, origin, key)
+        try:
+            config.prefilter_for(source)
+        except ConfigError as error:
+            raise error.within(key, origin) from None
+        except (TypeError, ValueError) as error:
+            raise ConfigError(str(error), key, origin) from None

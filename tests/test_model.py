@@ -133,7 +133,7 @@ def test_presets_load_and_a_variant_changes_only_its_fields(tmp_path) -> None:
     assert variant.model.d_model == 3072 and variant.model.num_experts == base.model.num_experts
     assert variant.precision.recipe == base.precision.recipe == "fp8"
     (tmp_path / "bad.yaml").write_text("model:\n  widht: 3\n")
-    with pytest.raises(ValueError, match=r"bad.yaml: model.: ModelConfig has no field 'widht'"):
+    with pytest.raises(ValueError, match=r"bad\.yaml: model\.widht: unknown key"):
         preset(str(tmp_path / "bad.yaml"))
     with pytest.raises(ValueError, match="unknown preset 'nope'"):
         preset("nope")
@@ -146,21 +146,21 @@ def test_overrides_are_typed_and_checked() -> None:
     )
     assert config.model.top_k == 1 and config.optim.lr == 1e-3 and config.optim.grad_clip == 1.0
     assert config.model.attention_pattern == ("swa", "gqa")
-    assert apply_overrides(config, ["optim.grad_clip=none"]).optim.grad_clip is None
+    assert apply_overrides(config, ["optim.grad_clip=null"]).optim.grad_clip is None
     assert Config.from_dict(config.to_dict()) == config
     nested = apply_overrides(config, ["model.mla.kv_lora_rank=8", "precision.recipe=fp8-emulated"])
     assert nested.model.mla.kv_lora_rank == 8 and nested.precision.recipe == "fp8-emulated"
     assert Config.from_dict(nested.to_dict()) == nested
-    with pytest.raises(ValueError, match="'mla' is a section"):
+    with pytest.raises(ValueError, match=r"model\.mla: expected a mapping"):
         apply_overrides(tiny(), ["model.mla=3"])
-    with pytest.raises(ValueError, match="has no field 'topk'"):
+    with pytest.raises(ValueError, match=r"model\.topk: unknown key"):
         apply_overrides(tiny(), ["model.topk=1"])
-    with pytest.raises(ValueError, match="not one of"):
+    with pytest.raises(ValueError, match="expected one of"):
         apply_overrides(tiny(), ["model.router_score=relu"])
     with pytest.raises(ValueError, match="top_k=9"):
         apply_overrides(tiny(), ["model.top_k=9"])
     with pytest.raises(ValueError, match="section.field=value"):
-        apply_overrides(tiny(), ["lr=1e-3"])
+        apply_overrides(tiny(), ["optim.lr"])
 
 
 def test_model_config_rejects_bad_shapes() -> None:

@@ -1,7 +1,7 @@
 import os
 import sys
 
-from moe_dag.assets.training_runs import run_dir_for, training_command
+from moe_dag.assets.training_runs import RUN_CONFIG_FILE, run_dir_for, training_command
 from moe_dag.config import TrainingLaunchConfig
 from moe_dag.training.__main__ import _launch_workers, _without_option
 
@@ -9,17 +9,13 @@ from moe_dag.training.__main__ import _launch_workers, _without_option
 def test_the_command_runs_the_module_which_starts_torchrun_workers_itself(tmp_path):
     single = training_command(TrainingLaunchConfig(steps=5), tmp_path / "data", tmp_path / "out")
     assert single[:3] == [sys.executable, "-m", "moe_dag.orchestration.pipes_training"]
-    assert single[single.index("--steps") + 1] == "5"
+    assert single[single.index("--config") + 1] == str(tmp_path / "out" / RUN_CONFIG_FILE)
     assert single[single.index("--nproc-per-node") + 1] == "1" and "--eval-on" not in single
 
     launch = TrainingLaunchConfig(nproc_per_node=2, overrides={"optim.lr": 1e-3, "model.top_k": 1})
     several = training_command(launch, tmp_path / "data", tmp_path / "out", eval_on=tmp_path / "heldout")
     assert several[several.index("--nproc-per-node") + 1] == "2"
     assert several[several.index("--eval-on") + 1] == str(tmp_path / "heldout")
-    assert [several[i + 1] for i, arg in enumerate(several) if arg == "--set"] == [
-        "model.top_k=1",
-        "optim.lr=0.001",
-    ]
     # The workers torchrun starts get the same arguments, less the option that started them.
     worker = _without_option(several[3:], "--nproc-per-node")
     assert "--nproc-per-node" not in worker and len(worker) == len(several) - 5

@@ -38,7 +38,6 @@ from moe_dag.data.tokenizer import load_tokenizer
 from moe_dag.orchestration.resources import PipelineResource
 from moe_dag.training.baselines import dense_overrides
 from moe_dag.training.compare import compare_runs, read_document_losses
-from moe_dag.training.config import apply_overrides, preset
 
 GAIN_COLUMNS = {
     "source": "source",
@@ -116,8 +115,7 @@ def moe_gain(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> d
     """A dense model with the proxy's active parameters, trained like it on the curated mixture, against
     the MoE proxy on the held-out documents: gain = dense bits per byte - MoE bits per byte."""
     lake, launch = pipeline.lake, pipeline.config.training
-    moe = apply_overrides(preset(launch.preset), [f"{k}={v}" for k, v in launch.overrides.items()]).model
-    dense = dataclasses.replace(launch, overrides={**launch.overrides, **dense_overrides(moe)})
+    dense = launch.with_overrides(dense_overrides(launch.resolved.model))
     data_dir = lake.artifact_dir("tokenized_mixture")
     run_dir = run_dir_for(data_dir, dense, lake.artifact_dir("moe_gain"))
     launch_training(context, dense, data_dir, run_dir, eval_on=data_dir)

@@ -9,7 +9,6 @@ holds (run_lock.py), so a killed orchestrator never leaves a second writer behin
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import shlex
@@ -25,6 +24,7 @@ from moe_dag.assets.bounds import ChecksConfig, loss_trend, router_violations
 from moe_dag.assets.plots import bars_png, png_markdown
 from moe_dag.assets.reporting import problems_result
 from moe_dag.config import TrainingLaunchConfig
+from moe_dag.data.atomic import atomic_write
 from moe_dag.orchestration.dagster_internals import DagsterPipesExecutionError
 from moe_dag.training.data import DATA_ORDER
 from moe_dag.training.evaluate import EVAL_FILE
@@ -34,29 +34,38 @@ from moe_dag.training.run_outputs import MetricsLog
 LATEST_FILE = "latest"
 LOSS_FALLING = "loss_finite_and_falling"
 ROUTER_HEALTHY = "router_healthy"
+RUN_CONFIG_FILE = "run_config.json"  # the resolved training config the trainer is handed
 RUN_PLOTS = {"loss_curve": "loss.png", "expert_load": "expert_load.png", "source_shares": "source_shares.png"}
 
 
 def training_command(
     launch: TrainingLaunchConfig, data_dir: Path, out_dir: Path, eval_on: Path | None = None
 ) -> list[str]:
-    """The command line of the training process (one process, or torchrun's workers started by it)."""
-    arguments = ["--data", str(data_dir), "--out", str(out_dir), "--preset", launch.preset]
-    arguments += ["--steps", str(launch.steps), "--seed", str(launch.seed)]
+    """The command line of the training process (one process, or torchrun's workers started by it).
+    The trainer reads the config resolved at load (`write_run_config`), never the preset again."""
+    arguments = ["--data", str(data_dir), "--out", str(out_dir), "--config", str(out_dir / RUN_CONFIG_FILE)]
     arguments += ["--nproc-per-node", str(launch.nproc_per_node)]
     if eval_on is not None:
         arguments += ["--eval-on", str(eval_on)]
-    for key, value in sorted(launch.overrides.items()):
-        arguments += ["--set", f"{key}={value}"]
     return [sys.executable, "-m", "moe_dag.orchestration.pipes_training", *arguments]
 
 
+def write_run_config(launch: TrainingLaunchConfig, out_dir: Path) -> Path:
+    """The resolved training config, as JSON, in the run folder the trainer is about to use."""
+    path = out_dir / RUN_CONFIG_FILE
+    with atomic_write(str(path)) as handle:
+        handle.write((json.dumps(launch.resolved.to_dict(), indent=2) + "\n").encode())
+    return path
+
+
 def run_dir_for(data_dir: Path, launch: TrainingLaunchConfig, root: Path) -> Path:
-    """One folder per (mixture, training config, data order): a rerun resumes there, new inputs (or a
-    trainer that reads the mixture in another order) start afresh."""
+    """One folder per (mixture, resolved training config, processes, data order): a rerun resumes there;
+    new inputs, any changed training setting (in the preset's file too) or a trainer that reads the
+    mixture in another order start afresh, so the trainer never resumes a run under other settings."""
     mixture = (data_dir / "mixture.json").read_bytes()
-    launch_json = json.dumps(dataclasses.asdict(launch), sort_keys=True, default=str).encode()
-    return root / hashlib.sha256(mixture + launch_json + DATA_ORDER.encode()).hexdigest()[:12]
+    run = {"config": launch.resolved.to_dict(), "nproc_per_node": launch.nproc_per_node}
+    run_json = json.dumps(run, sort_keys=True).encode()
+    return root / hashlib.sha256(mixture + run_json + DATA_ORDER.encode()).hexdigest()[:12]
 
 
 def launch_training(
@@ -67,6 +76,7 @@ def launch_training(
     eval_on: Path | None = None,
 ) -> dict[str, Any]:
     """Train (resuming in `out_dir`) and evaluate on `eval_on`; returns the metadata the run reported."""
+    write_run_config(launch, out_dir)
     command = training_command(launch, data_dir, out_dir, eval_on)
     context.log.info("launching: " + shlex.join(command))
     client = dg.PipesSubprocessClient(env=launcher_env())

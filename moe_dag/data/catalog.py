@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from glob import escape as escape_glob
 from pathlib import Path
 
 import duckdb
@@ -147,6 +148,12 @@ class ReadOnlyLakeFileSystem(DirFileSystem):
             if ".." in self._strip_protocol(one).split("/"):
                 raise PermissionError(f"{one}: the catalog reads only inside the lake")
         return super()._join(path)
+
+    def glob(self, path, **kwargs):  # type: ignore[no-untyped-def] - fsspec's signature
+        # The root is a folder, not a pattern: a lake under `runs[1]/` would match nothing.
+        self._join(path)  # refuses `..`
+        found = self.fs.glob(self.fs.sep.join((escape_glob(self.path), self._strip_protocol(path))), **kwargs)
+        return self._relpath_detail(found) if kwargs.get("detail") else self._relpath(found)
 
     def open(self, path, mode="rb", *args, **kwargs):  # type: ignore[no-untyped-def] - fsspec's signature
         if mode not in ("r", "rb"):

@@ -16,6 +16,7 @@ reader would pick up, and the completion record is written only after the files 
 
 from __future__ import annotations
 
+import glob
 import json
 import posixpath
 from collections.abc import Iterator
@@ -52,14 +53,20 @@ class Lake:
         return posixpath.join(self.dataset_dir(stage, source), f"{key}{suffix}")
 
     def glob_pattern(self, stage: str, partitioned: bool) -> str:
-        """A glob over every data file of a stage, for DuckDB's read_parquet."""
+        """A glob over every data file of a stage, for DuckDB's read_parquet (and fsspec's glob)."""
         middle = "source=*/" if partitioned else ""
-        prefix = self.root if self.is_local else f"{self.fs.protocol[0]}://{self.root}"
+        prefix = glob.escape(self.root)
+        prefix = prefix if self.is_local else f"{self.fs.protocol[0]}://{prefix}"
         return f"{prefix}/{stage}/{middle}*.parquet"
+
+    def files_matching(self, folder: str, pattern: str) -> list[str]:
+        """The paths in `folder` that match `pattern`. The folder is taken literally: a root such as
+        `runs[1]/lake` holds glob characters that would otherwise match nothing (or something else)."""
+        return self.fs.glob(posixpath.join(glob.escape(folder), pattern))
 
     def parquet_files(self, stage: str, source: str | None = None) -> list[str]:
         """The data files of one slice (a source of a stage, or a global stage), sorted by name."""
-        return sorted(self.fs.glob(posixpath.join(self.dataset_dir(stage, source), "*.parquet")))
+        return sorted(self.files_matching(self.dataset_dir(stage, source), "*.parquet"))
 
     def write_table(self, table: pa.Table, stage: str, source: str | None = None) -> str:
         """Replace the whole slice with `table` in one file; returns its path.
@@ -125,7 +132,7 @@ class Lake:
         """Completion records of a slice by shard key."""
         folder = posixpath.join(self.dataset_dir(stage, source), RECORDS_DIR)
         found = {}
-        for path in sorted(self.fs.glob(posixpath.join(folder, "*.json"))):
+        for path in sorted(self.files_matching(folder, "*.json")):
             with self.fs.open(path, "rb") as handle:
                 found[posixpath.basename(path).removesuffix(".json")] = json.loads(handle.read())
         return found
@@ -137,7 +144,7 @@ class Lake:
     def stored_keys(self, stage: str, source: str) -> set[str]:
         """Keys of every shard with a file in the slice, finished or not (temporaries aside)."""
         folder = self.dataset_dir(stage, source)
-        paths = self.fs.glob(posixpath.join(folder, "*.*"))
+        paths = self.files_matching(folder, "*.*")
         return {_stem(path) for path in paths if not posixpath.basename(path).startswith(".")}
 
     def remove_record(self, stage: str, source: str, key: str) -> None:
@@ -156,7 +163,7 @@ class Lake:
         """Partial files a killed run left behind (one run writes a slice at a time)."""
         folder = self.dataset_dir(stage, source)
         for pattern in (f"{TEMPORARY_PREFIX}*", f"{RECORDS_DIR}/{TEMPORARY_PREFIX}*"):
-            for path in self.fs.glob(posixpath.join(folder, pattern)):
+            for path in self.files_matching(folder, pattern):
                 self.fs.rm(path)
 
     def artifact_dir(self, stage: str) -> Path:
@@ -186,7 +193,7 @@ class Lake:
     def _shard_files(self, stage: str, source: str, key: str) -> list[str]:
         # A shard may own several files (`<key>.parquet`, `<key>.bin`, `<key>.index.parquet`, ...).
         folder = self.dataset_dir(stage, source)
-        return [p for p in self.fs.glob(posixpath.join(folder, f"{key}.*")) if _stem(p) == key]
+        return [p for p in self.files_matching(folder, f"{glob.escape(key)}.*") if _stem(p) == key]
 
     def _remove_records(self, folder: str) -> None:
         records = posixpath.join(folder, RECORDS_DIR)

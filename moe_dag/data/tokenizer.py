@@ -23,16 +23,18 @@ class TokenizerConfig:
     eos_token: str = "<|endoftext|>"
     pad_token: str = "<|pad|>"
 
+    def __post_init__(self) -> None:
+        # 256 byte symbols plus the special tokens are the floor: below that BPE cannot learn a single merge.
+        floor = len(pre_tokenizers.ByteLevel.alphabet()) + 2
+        if self.vocab_size <= floor:
+            raise ValueError(f"TokenizerConfig.vocab_size={self.vocab_size} must exceed {floor}")
+        if self.min_frequency < 1:
+            raise ValueError(f"TokenizerConfig.min_frequency={self.min_frequency} must be at least 1")
+
 
 def train_tokenizer(texts: Iterable[str], config: TokenizerConfig) -> Tokenizer:
     """Train a byte-level BPE on `texts`; the special tokens take the first ids (eos 0, pad 1)."""
     alphabet = pre_tokenizers.ByteLevel.alphabet()
-    # 256 byte symbols plus the special tokens are the floor: below that BPE cannot learn a single merge.
-    floor = len(alphabet) + 2
-    if config.vocab_size <= floor:
-        raise ValueError(f"TokenizerConfig.vocab_size={config.vocab_size} must exceed {floor}")
-    if config.min_frequency < 1:
-        raise ValueError(f"TokenizerConfig.min_frequency={config.min_frequency} must be at least 1")
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()

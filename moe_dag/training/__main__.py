@@ -1,7 +1,8 @@
 """Command line: `python -m moe_dag.training --data DIR --out DIR --preset demo [--steps N] [--seed S]
 [--set section.field=value ...] [--nproc-per-node N] [--eval-on DIR]`. `--preset` names a file of
 configs/models/ or a YAML path; `--set` reaches nested fields too (`--set model.mla.kv_lora_rank=64`,
-`--set precision.recipe=fp8-emulated`).
+`--set precision.recipe=fp8-emulated`). `--config FILE` takes a resolved config instead of a preset:
+the `moe_proxy` asset resolves its preset once, in the Dagster process, and hands the trainer that file.
 
 `--nproc-per-node N` (N > 1) starts N data-parallel workers through torchrun's launcher in this
 process; `torchrun --nproc-per-node N -m moe_dag.training ...` does the same by hand. `--eval-on DIR`
@@ -17,7 +18,6 @@ trainer down with it (see lifeline.py). Exit status 2: the run folder is in use 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import os
@@ -25,10 +25,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from moe_dag.training.config import apply_overrides, preset, preset_names
+from moe_dag.training.config import Config, apply_overrides, override_settings, preset, preset_names
 from moe_dag.training.lifeline import die_with_launcher, launcher_env
 from moe_dag.training.reporting import OpenReporter, Reporter, no_reporter
 from moe_dag.training.run_lock import RunFolderInUse
+from moe_dag.training.strict_config import ConfigError
 
 log = logging.getLogger("moe_dag.training")
 NPROC_OPTION = "--nproc-per-node"
@@ -40,10 +41,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--out", type=Path, required=True, help="run directory (resumed if it has checkpoints)"
     )
-    parser.add_argument(
+    chosen = parser.add_mutually_exclusive_group()
+    chosen.add_argument(
         "--preset",
         default="demo",
         help=f"model preset: one of {', '.join(preset_names())} (configs/models/), or a YAML file",
+    )
+    chosen.add_argument(
+        "--config",
+        type=Path,
+        help="a resolved training config (JSON of every section, as the moe_proxy asset writes it), "
+        "instead of a preset",
     )
     parser.add_argument("--steps", type=int, help="optimizer steps (default: the preset's)")
     parser.add_argument("--seed", type=int, help="seed for initialisation")
@@ -53,7 +61,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="append",
         default=[],
         metavar="SECTION.FIELD=VALUE",
-        help="override a config field, e.g. --set model.top_k=1 --set optim.lr=1e-3 (repeatable)",
+        help="override a config field, e.g. --set model.top_k=1 --set optim.lr=1e-3 (repeatable); "
+        "VALUE is YAML (null, [kda, mla]; kda,mla is a list too)",
     )
     parser.add_argument(
         NPROC_OPTION, dest="nproc_per_node", type=int, default=1, help="data-parallel worker processes"
@@ -73,6 +82,10 @@ def main(
     the final figures; `module` is what torchrun's workers run, so they report the same way."""
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    try:
+        config = resolve_config(args)
+    except ConfigError as error:
+        raise SystemExit(f"python -m moe_dag.training: {error}") from None
     # Idle OpenMP threads sleep instead of spinning. On a CPU shared with other processes, spinning
     # threads wait on descheduled peers at every op: 2 threads ran the tiny MoE 20x slower than 1
     # thread; with PASSIVE, 2 threads match or beat 1. Must be set before torch is imported.
@@ -84,7 +97,7 @@ def main(
     with open_reporter(rank == 0) as reporter:
         _configure_logging(rank, reporter)
         try:
-            return _train_and_evaluate(args, reporter, is_main=rank == 0)
+            return _train_and_evaluate(config, args, reporter, is_main=rank == 0)
         except RunFolderInUse as error:
             log.error("%s", error)
             return 2
@@ -122,15 +135,24 @@ def _configure_logging(rank: int, reporter: Reporter) -> None:
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, handlers=[handler])
 
 
-def _train_and_evaluate(args: argparse.Namespace, reporter: Reporter, is_main: bool) -> int:
+def resolve_config(args: argparse.Namespace) -> Config:
+    """The config the command line asks for: the resolved config file or the preset, then --steps,
+    --seed and each --set."""
+    if args.config is not None:
+        config = Config.from_dict(json.loads(args.config.read_text()), origin=str(args.config))
+    else:
+        config = preset(args.preset)
+    chosen = {
+        f"train.{name}": getattr(args, name) for name in ("steps", "seed") if getattr(args, name) is not None
+    }
+    config = override_settings(config, chosen, origin="--steps/--seed")
+    return apply_overrides(config, args.overrides)
+
+
+def _train_and_evaluate(config: Config, args: argparse.Namespace, reporter: Reporter, is_main: bool) -> int:
     from moe_dag.training.evaluate import evaluate_run
     from moe_dag.training.trainer import train
 
-    config = preset(args.preset)
-    train_fields = {"steps": args.steps, "seed": args.seed}
-    chosen = {key: value for key, value in train_fields.items() if value is not None}
-    config = dataclasses.replace(config, train=dataclasses.replace(config.train, **chosen))
-    config = apply_overrides(config, args.overrides)
     summary = train(config, args.data, args.out)
     if not is_main:
         return 0

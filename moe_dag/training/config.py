@@ -7,8 +7,10 @@ run is driven (batch, steps, checkpoints, logging).
 
 Presets are YAML files in `configs/models/<name>.yaml`, the test preset (`tiny`) first. A preset may
 name a `base:` preset and change only some fields, as a variant calls its base and changes a field.
-`apply_overrides` turns `--set section.field=value` strings (nested: `model.mla.kv_lora_rank=64`)
-into a new config, checking each value against the field's type.
+`apply_overrides` applies `--set section.field=value` strings (nested: `model.mla.kv_lora_rank=64`),
+`override_settings` typed settings by dotted key (the pipeline config's `training.overrides`). All of
+them are read and checked by the one strict loader (`strict_config.py`): unknown keys, wrong types and
+duplicate keys are refused with the file (or `--set`) and the key path.
 
 `vocab_size` and `seq_len` in a preset are placeholders for the production tokenizer: the trainer
 replaces them with the values the mixture was tokenized with (`mixture.json`), which is the source of
@@ -18,13 +20,12 @@ truth for both.
 from __future__ import annotations
 
 import dataclasses
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
+from moe_dag.training.strict_config import ConfigError, build, nested, read_yaml, update, yaml_value
 
 AttentionKind = Literal["mha", "gqa", "swa", "mla", "nsa", "kda"]
 RouterScore = Literal["sigmoid", "softmax"]
@@ -113,6 +114,9 @@ class ModelConfig:
     init_std: float = 0.02
 
     def __post_init__(self) -> None:
+        for name in ("vocab_size", "seq_len", "d_model", "n_layers", "n_heads", "n_kv_heads", "num_experts"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"must be at least 1, got {getattr(self, name)}", name)
         if self.d_model % self.n_heads:
             raise ValueError(f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}")
         if (self.d_model // self.n_heads) % 2:
@@ -257,28 +261,10 @@ class Config:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> Config:
-        """The inverse of `to_dict`; sections or fields left out keep their defaults."""
-        return _build(cls, raw, "")
-
-
-def _build(cls: type, raw: dict[str, Any], where: str) -> Any:
-    if not isinstance(raw, dict):
-        raise ValueError(f"{where or 'config'}: expected a mapping, got {raw!r}")
-    hints = typing.get_type_hints(cls)
-    unknown = sorted(set(raw) - set(hints))
-    if unknown:
-        raise ValueError(f"{where or 'config'}: {cls.__name__} has no field {unknown[0]!r}")
-    values = {}
-    for name, value in raw.items():
-        hint = hints[name]
-        if dataclasses.is_dataclass(hint):
-            values[name] = _build(hint, value, f"{where}{name}.")
-        elif typing.get_origin(hint) is tuple:
-            values[name] = tuple(value)
-        else:
-            values[name] = value
-    return cls(**values)
+    def from_dict(cls, raw: dict[str, Any], origin: str = "config") -> Config:
+        """The inverse of `to_dict` (checked as a preset is); sections or fields left out keep their
+        defaults. `origin` names where `raw` came from in errors."""
+        return build(cls, raw, origin)
 
 
 def preset_names() -> list[str]:
@@ -287,31 +273,38 @@ def preset_names() -> list[str]:
 
 def preset(name: str) -> Config:
     """The preset `configs/models/<name>.yaml`, or the YAML file at path `name`."""
+    return _preset(_preset_path(name), seen=())
+
+
+def _preset_path(name: str) -> Path:
     path = Path(name) if name.endswith((".yaml", ".yml")) else PRESET_DIR / f"{name}.yaml"
-    if not path.exists():
-        raise ValueError(f"unknown preset {name!r}; choose one of {preset_names()} or give a YAML path")
-    try:
-        return Config.from_dict(_preset_dict(path, seen=()))
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"{path}: {error}") from error
+    if not path.is_file():
+        raise ConfigError(f"unknown preset {name!r}; choose one of {preset_names()} or give a YAML path")
+    return path
 
 
-def _preset_dict(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
+def _preset(path: Path, seen: tuple[Path, ...]) -> Config:
+    """A preset's own settings applied to its `base:` preset (a sibling file), or to the defaults: an
+    error names the file that holds the bad setting."""
     if path in seen:
-        raise ValueError(f"{path}: preset bases form a cycle")
-    raw = yaml.safe_load(path.read_text()) or {}
-    base = raw.pop("base", None)
-    if base is None:
-        return raw
-    return _merged(_preset_dict(path.parent / f"{base}.yaml", (*seen, path)), raw)
-
-
-def _merged(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in changes.items():
-        both_mappings = isinstance(value, dict) and isinstance(base.get(key), dict)
-        merged[key] = _merged(base[key], value) if both_mappings else value
-    return merged
+        raise ConfigError("preset bases form a cycle", origin=str(path))
+    raw = read_yaml(path)
+    raw = {} if raw is None else raw
+    if not isinstance(raw, dict):
+        raise ConfigError(f"expected a mapping, got {type(raw).__name__}", origin=str(path))
+    base_name = raw.pop("base", None)
+    if base_name is None:
+        return build(Config, raw, str(path))
+    if not isinstance(base_name, str):
+        raise ConfigError(f"expected a preset name, got {base_name!r}", "base", str(path))
+    # A sibling file first (variants kept together), else the repository's preset of that name.
+    base_path = next(
+        (p for p in (path.parent / f"{base_name}.yaml", PRESET_DIR / f"{base_name}.yaml") if p.is_file()),
+        None,
+    )
+    if base_path is None:
+        raise ConfigError(f"no preset {base_name!r} beside this file or in {PRESET_DIR}", "base", str(path))
+    return update(_preset(base_path, (*seen, path)), raw, str(path))
 
 
 def tiny() -> Config:
@@ -319,55 +312,24 @@ def tiny() -> Config:
     return preset("tiny")
 
 
-def apply_overrides(config: Config, overrides: list[str]) -> Config:
-    """Return a copy of `config` with each `section.field=value` override applied and validated."""
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        path = key.strip().split(".")
-        if not sep or len(path) < 2:
-            raise ValueError(f"override {item!r} must look like section.field=value")
-        config = _replaced(config, path, raw.strip(), item)
-    return config
-
-
-def _replaced(node: Any, path: list[str], raw: str, item: str) -> Any:
-    hints = typing.get_type_hints(type(node))
-    name = path[0]
-    if name not in hints:
-        if isinstance(node, Config):
-            raise ValueError(
-                f"override {item!r} must look like section.field=value, section in {list(hints)}"
-            )
-        raise ValueError(f"override {item!r}: {type(node).__name__} has no field {name!r}")
-    if len(path) > 1:
-        child = getattr(node, name)
-        if not dataclasses.is_dataclass(child):
-            raise ValueError(f"override {item!r}: {name!r} has no fields")
-        value = _replaced(child, path[1:], raw, item)
-    elif dataclasses.is_dataclass(hints[name]):
-        raise ValueError(f"override {item!r}: {name!r} is a section; name one of its fields")
-    else:
-        value = _parse(raw, hints[name], item)
-    return dataclasses.replace(node, **{name: value})
-
-
-def _parse(raw: str, hint: Any, item: str) -> Any:
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        if raw.lower() in ("none", "null"):
-            return None
-        return _parse(raw, next(a for a in args if a is not type(None)), item)
-    if origin is Literal:
-        if raw not in args:
-            raise ValueError(f"override {item!r}: {raw!r} is not one of {args}")
-        return raw
-    if origin is tuple:
-        return tuple(_parse(part.strip(), args[0], item) for part in raw.split(",") if part.strip())
-    if hint is bool:
-        if raw.lower() not in ("true", "false", "1", "0"):
-            raise ValueError(f"override {item!r}: expected true or false")
-        return raw.lower() in ("true", "1")
+def override_settings(config: Config, settings: dict[str, Any], origin: str, key: str = "") -> Config:
+    """`config` with typed settings by dotted key (`{"model.mla.kv_lora_rank": 64}`) applied together
+    and checked; an error names `origin` and the key path below `key`."""
     try:
-        return hint(raw)
-    except ValueError as error:
-        raise ValueError(f"override {item!r}: expected {hint.__name__}") from error
+        changes = nested(settings)
+    except ConfigError as error:
+        raise error.within(key, origin) from None
+    return update(config, changes, origin, key)
+
+
+def apply_overrides(config: Config, overrides: list[str]) -> Config:
+    """`config` with each command-line `section.field=value` applied; each value is read once as YAML
+    (`optim.lr=1e-3`, `optim.grad_clip=null`, `model.attention_pattern=kda,mla`), then checked as a
+    preset's values are. A later override of the same field wins."""
+    settings = {}
+    for item in overrides:
+        dotted, sep, text = item.partition("=")
+        if not sep or not dotted.strip():
+            raise ConfigError("must look like section.field=value", origin=f"--set {item}")
+        settings[dotted.strip()] = yaml_value(text, origin=f"--set {item}")
+    return override_settings(config, settings, origin="--set")

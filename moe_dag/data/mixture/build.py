@@ -78,6 +78,18 @@ class MixtureConfig:
     # The end-of-document token appended after every document; a pretrained tokenizer may name it differently.
     eos_token: str = "<|endoftext|>"
 
+    def __post_init__(self) -> None:
+        # Checked when the config is made (the pipeline config loads), not at the mixture stage.
+        if self.seq_len < 1:
+            raise ValueError(f"MixtureConfig.seq_len must be at least 1, got {self.seq_len}")
+        if self.total_tokens is not None and self.total_tokens < self.seq_len + 1:
+            raise ValueError(
+                f"MixtureConfig.total_tokens={self.total_tokens} does not fill one sequence of "
+                f"seq_len + 1 = {self.seq_len + 1} tokens"
+            )
+        # raises on bad values
+        heldout_count(0, self.heldout_fraction, self.heldout_min_documents, self.heldout_max_share)
+
 
 def build_mixture(
     documents: dict[str, pa.Table], tokenizer: Tokenizer, config: MixtureConfig, out_dir: Path
@@ -304,11 +316,3 @@ def _validate(config: MixtureConfig, documents: dict[str, pa.Table]) -> None:
         for column in ("id", "text"):
             if column not in table.column_names:
                 raise ValueError(f"documents of source {source!r} have no {column!r} column")
-    if config.seq_len < 1:
-        raise ValueError(f"MixtureConfig.seq_len must be at least 1, got {config.seq_len}")
-    if config.total_tokens is not None and config.total_tokens < config.seq_len + 1:
-        raise ValueError(
-            f"MixtureConfig.total_tokens={config.total_tokens} does not fill one sequence of "
-            f"seq_len + 1 = {config.seq_len + 1} tokens"
-        )
-    heldout_count(0, config.heldout_fraction, config.heldout_min_documents)  # raises on bad values
