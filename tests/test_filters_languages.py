@@ -183,3 +183,60 @@ def test_unknown_kind_or_family_change_is_refused_with_where():
         PrefilterConfig(by_language={"zh": {"language": {}}})
     with pytest.raises(ValueError, match=r"prefilter.kinds\[social\].gopher_quality"):
         PrefilterConfig(kinds={"social": {"gopher_quality": {"min_word": 3}}})
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "മൂല്യം കാണിക്കുന്നു. നിറങ്ങള്‍ കാണിച്ചിരിക്കുന്നു. ഒരു പേര്. ചെറിയ ലേബല്‍. ഒരു ഐക്കണ്‍.",
+        "ეს ტესტია. მეორე წინადადება. მესამე. მეოთხე. მეხუთე.",
+        "色のスキームです アクションの名前です アイコン名です 短いラベルです 文字列です",
+    ],
+    ids=["ml", "ka", "ja-unpunctuated"],
+)
+def test_sentences_where_spacy_english_leaves_the_full_stop_attached(text):
+    """Found on real parallel text: a full stop after a Malayalam sign or a Georgian letter stays
+    attached in spaCy's English rules (one "sentence" a line), and Japanese UI strings joined by spaces
+    carry no 。; a space between two Japanese letters ends a sentence."""
+    assert count_sentences_any_script(text, 100) == 5
+
+
+KOREAN = (
+    "핸들 상자의 하위 위젯이 붙어 있는지 여부를 나타내는 값. 색 구성을 나타내는 해시 테이블. "
+    "이 동작 그룹의 이름. 정보 상자의 로고로 사용할 아이콘. 도구 모음 단추에 사용할 짧은 레이블. "
+    "인쇄 작업을 구별하는 데 사용하는 문자열. 이 동작의 도구 설명. 이 동작의 고유한 이름. "
+    "단추 둘레와 하위 위젯 사이의 테두리. 텍스트와 프레임 사이의 테두리."
+)
+
+
+def test_korean_words_are_judged_by_korean_settings():
+    """Hangul syllable blocks hold two or three letters: Korean's mean word length (2.6-3.9 on real
+    text) fell under Gopher's 3, and its word count under 50 for what English says in 90 words."""
+    web = build_prefilters(CONFIG, "web", [])[:-1]
+    out = run_filters(pa.table({"text": [KOREAN]}), web)[0]
+    assert out["language"][0].as_py() == "ko"
+    assert out["reason"][0].as_py() is None
+    assert out["gopher_quality_settings"][0].as_py() == "ko"
+    english_cuts = build_prefilters(CONFIG.with_changes({"by_language": {}}), "web", [])[:-1]
+    assert reason(english_cuts, KOREAN) in ("gopher_too_few_words", "gopher_mean_word_length_too_short")
+
+
+def test_english_documents_decide_the_same_with_and_without_per_script_rules():
+    """The script rules change nothing for English: lines ending in ")" or "”", emoji before a full
+    stop, and "e.g." are read as datatrove reads them."""
+    pages = [
+        "\n".join(
+            [
+                "The library reads files (see the docs.)",
+                "It was “fast”",
+                "Release 2.0 is out 🎉. Try it, e.g. with pip. It works! Does it? Yes.",
+                "Install it with pip and {extras} if needed.",
+                "Then run the tests. They pass. All of them. Every time. Really.",
+            ]
+        )
+    ]
+    off = CONFIG.with_changes({"script": {"per_script": False}})
+    for family in ("c4", "fineweb", "gopher_quality"):
+        with_rules = run_filters(pa.table({"text": pages}), [CONFIG.family_filter(family)])[0]
+        without = run_filters(pa.table({"text": pages}), [off.family_filter(family)])[0]
+        assert with_rules.to_pylist() == without.to_pylist(), family

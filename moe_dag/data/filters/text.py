@@ -101,8 +101,10 @@ _UNSPACED_LETTER = re.compile(
     "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]"
 )
 _LETTER = re.compile(r"[^\W\d_]")
-# Thai and Lao have no sentence terminator: a space ends a sentence or clause.
+# Thai and Lao have no sentence terminator: a space ends a sentence or clause, a letter ends a line.
 _SPACE_SEPARATED = re.compile("[\u0e00-\u0e7f\u0e80-\u0eff]")
+# A space between two letters of an unspaced script: where a sentence ends.
+_UNSPACED_BREAK = re.compile(f"({_UNSPACED_LETTER.pattern})\\s+(?={_UNSPACED_LETTER.pattern})")
 _TERMINAL_SET = frozenset(TERMINAL_PUNCTUATION)
 
 _PREFIX = re.compile(spacy_english.PREFIX)
@@ -299,13 +301,15 @@ def count_sentences_any_script(text: str, enough: int) -> int:
 
     Text without a terminator outside ASCII ("." "!" "?") and no unspaced letters is English-like and
     counted as spaCy counts it (`count_sentences`). Otherwise a sentence is a run of text up to a run of
-    terminal punctuation (Unicode's Sentence_Terminal set: 。！？।۔։ ...) plus trailing text without one;
-    in Thai and Lao, which have no terminator, each space-separated phrase is a sentence.
+    terminal punctuation (Unicode's Sentence_Terminal set: 。！？।۔։ ...), plus trailing text without
+    one; and in scripts written without spaces between words, a space between two of their letters ends
+    a sentence too: Thai and Lao have no terminator and end sentences with a space, and Chinese and
+    Japanese writers put no space inside a sentence.
     """
     if not _needs_script_rules(text):
         return count_sentences(text, enough)
     sentences, in_sentence = 0, False
-    for ch in text:
+    for ch in _UNSPACED_BREAK.sub("\\1\u3002", text):
         if ch in _TERMINAL_SET:
             if in_sentence:
                 sentences += 1
@@ -314,24 +318,38 @@ def count_sentences_any_script(text: str, enough: int) -> int:
                     return sentences
         elif not ch.isspace() and not is_punctuation(ch):
             in_sentence = True
-    sentences += in_sentence
-    if sentences <= 1 and _SPACE_SEPARATED.search(text):
-        sentences = max(sentences, len(text.split()))
-    return min(sentences, enough)
+    return min(sentences + in_sentence, enough)
 
 
 def ends_sentence_any_script(line: str) -> bool:
-    """Whether `line` ends as a sentence does in its script: a terminal mark (of any script), or in
-    Thai and Lao, which have none, any letter."""
-    stripped = line.rstrip("\"'\u201d\u2019\u300d\u300f)\uff09")
-    if not stripped:
-        return False
-    return stripped[-1] in _TERMINAL_SET or bool(_SPACE_SEPARATED.match(stripped[-1]))
+    """Whether `line` ends as a sentence does in its script: in a terminal mark of any script (also
+    before a closing CJK quote or bracket: 。」), or in Thai and Lao, which have none, in a letter."""
+    if line.endswith(TERMINAL_PUNCTUATION):
+        return True
+    closed = line.rstrip("\u300d\u300f\uff09")
+    if closed != line and closed.endswith(TERMINAL_PUNCTUATION):
+        return True
+    return bool(line) and bool(_SPACE_SEPARATED.match(line[-1]))
 
 
 def _needs_script_rules(text: str) -> bool:
-    """Whether `text` has a terminator outside ASCII or letters of an unspaced script."""
-    return any(ch in _TERMINAL_SET and ch not in ".!?" for ch in text) or bool(_UNSPACED_LETTER.search(text))
+    """Whether `text` has a terminator outside ASCII, letters of an unspaced script, or a full stop that
+    spaCy's English rules leave attached (after a Malayalam sign or a Georgian letter, say)."""
+    if any(ch in _TERMINAL_SET and ch not in ".!?" for ch in text) or _UNSPACED_LETTER.search(text):
+        return True
+    return any(
+        unicodedata.category(match[1])[0] in "LM" and not _period_splits_after(match[1])
+        for match in _NON_ASCII_BEFORE_PERIOD.finditer(text)
+    )
+
+
+_NON_ASCII_BEFORE_PERIOD = re.compile(r"([^\x00-\x7f\s])[.!?]")
+
+
+@functools.lru_cache(maxsize=4096)
+def _period_splits_after(ch: str) -> bool:
+    """Whether spaCy's English suffix rules cut a full stop off a word ending in `ch`."""
+    return _split_chunk("a" + ch + ".")[-1] == "."
 
 
 def _tokens_with_whitespace(text: str) -> list[str]:
