@@ -11,14 +11,18 @@ is stated once, beside the asset; the UI shows them in the asset's metadata.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
 
+from moe_dag.assets.refresh import Refresh
+
 STAGE_VERSION = "moe_dag/stage_version"
 CONFIG_READS = "moe_dag/config_reads"
 STARTED_BY = "moe_dag/started_by"
+REFRESH = "moe_dag/refresh"  # on-demand assets: {"population": asset, "threshold": config path}
 AUTOMATION = "automation"
 
 # The default condition: requested once after an upstream (partition) updates, when no upstream is
@@ -28,10 +32,14 @@ FOLLOW_UPSTREAM = (
 ).with_label("follow_upstream")
 
 
-def operated(version: int, *config_reads: str, started_by: str = AUTOMATION) -> dict[str, Any]:
-    """Asset metadata: stage `version`, the `config_reads` paths, and what starts it (`automation`, or
-    the name of the sensor that does)."""
-    return {STAGE_VERSION: str(version), CONFIG_READS: list(config_reads), STARTED_BY: started_by}
+def operated(
+    version: int, *config_reads: str, started_by: str = AUTOMATION, refresh: Refresh | None = None
+) -> dict[str, Any]:
+    """Asset metadata: stage `version`, the `config_reads` paths, what starts it (`automation`, or the
+    name of the sensor that does), and for an on-demand asset the policy that says when new upstream
+    data is enough to run it again (`moe_dag/assets/refresh.py`)."""
+    declared = {STAGE_VERSION: str(version), CONFIG_READS: list(config_reads), STARTED_BY: started_by}
+    return declared | ({REFRESH: dataclasses.asdict(refresh)} if refresh else {})
 
 
 @dataclass(frozen=True)
@@ -39,6 +47,7 @@ class Operation:
     version: str
     config_reads: list[str]
     started_by: str
+    refresh: Refresh | None
 
     @property
     def automated(self) -> bool:
@@ -56,4 +65,11 @@ def operation(spec: dg.AssetSpec) -> Operation:
         value = spec.metadata[key]
         return value.value if isinstance(value, dg.MetadataValue) else value
 
-    return Operation(declared(STAGE_VERSION), list(declared(CONFIG_READS)), declared(STARTED_BY))
+    value = spec.metadata.get(REFRESH)
+    refresh = getattr(value, "value", value)
+    return Operation(
+        declared(STAGE_VERSION),
+        list(declared(CONFIG_READS)),
+        declared(STARTED_BY),
+        Refresh(**refresh) if refresh else None,
+    )

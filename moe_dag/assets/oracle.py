@@ -6,6 +6,7 @@ import dagster as dg
 import pyarrow as pa
 
 from moe_dag.assets.operating import operated
+from moe_dag.assets.refresh import Refresh
 from moe_dag.data.heads import calibration_sample_size
 from moe_dag.data.oracle import LabelCache, label_documents, requests_from_table, split_sample
 from moe_dag.data.schema import kept_rows
@@ -18,7 +19,14 @@ FAILURE_RATE = "failure_rate_within_bound"
     group_name="quality",
     kinds={"parquet"},
     deps=["toxicity_filtered"],
-    metadata=operated(1, "oracle.per_source", "oracle.seed", "calibration", "sources.keep_rate"),
+    metadata=operated(
+        1,
+        "oracle.per_source",
+        "oracle.seed",
+        "calibration",
+        "sources.keep_rate",
+        refresh=Refresh(population="toxicity_filtered", threshold="refresh.relabel_after_change"),
+    ),
 )
 def oracle_sample(pipeline: PipelineResource) -> dg.MaterializeResult:
     """Documents to label and, disjoint from them, documents to calibrate thresholds on, per source.

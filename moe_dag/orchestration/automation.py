@@ -41,6 +41,13 @@ TAG_CONFIG_VERSION = "moe_dag/config_version"
 TAG_LAUNCHED_BY = "moe_dag/launched_by"
 TAG_NEW_SHARDS = "moe_dag/new_shards"
 TAG_SOURCE_CONFIG = "moe_dag/source_config_versions"
+TAG_POPULATION = "moe_dag/population"  # kept documents per source an on-demand asset was built from
+
+# An on-demand asset (a refresh policy declared) is requested by automation only when missing or when its
+# code version changed; new data reaches it through its policy in `moe-dag run`, its job or the UI.
+ON_DEMAND = (dg.AutomationCondition.on_missing() | dg.AutomationCondition.code_version_changed()).with_label(
+    "on_demand"
+)
 SOURCE = "{source}"  # in a declared config path: the partition's source name
 
 
@@ -119,10 +126,11 @@ def with_operating_attributes(
     backfill policies from their partitioning."""
 
     def attributes(spec: dg.AssetSpec) -> dg.AssetSpec:
-        automated = operation(spec).automated
+        declared = operation(spec)
+        follows = ON_DEMAND if declared.refresh else FOLLOW_UPSTREAM
         return spec.replace_attributes(
             code_version=code_version(spec, config),
-            automation_condition=(spec.automation_condition or FOLLOW_UPSTREAM) if automated else None,
+            automation_condition=(spec.automation_condition or follows) if declared.automated else None,
         )
 
     operated = []

@@ -27,6 +27,8 @@ QUIET_CONSOLE = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 
 # The group of the baselines' training runs, which `comparisons: false` skips.
 COMPARISONS = "comparisons"
+# The mixture search runs only when asked (`moe-dag search-mixture`): never a stage of `moe-dag run`.
+MIXTURE_SEARCH = "mixture_search"
 
 
 @dataclass(frozen=True)
@@ -41,9 +43,11 @@ class Stage:
 def stages(definitions: dg.Definitions) -> list[Stage]:
     """The graph's assets as alternating stages of per-source and global assets, derived from the asset
     definitions: a stage takes every asset whose upstreams are done and whose partitioning matches, in
-    definition order, until none is left. The comparisons group comes after everything else."""
+    definition order, until none is left. The comparisons group comes after everything else; the mixture
+    search group is never a stage (`moe-dag search-mixture` runs it)."""
     graph = definitions.resolve_asset_graph()
     nodes = [graph.get(spec.key) for asset in definitions.assets for spec in asset.specs]
+    nodes = [node for node in nodes if node.group_name != MIXTURE_SEARCH]
     done: set[dg.AssetKey] = set()
     result: list[Stage] = []
     for comparisons in (False, True):
@@ -90,13 +94,16 @@ def materialize_all(
     force: bool = False,
     sources: list[str] | None = None,
     comparisons: bool | None = None,
+    refresh: bool = False,
 ) -> PipelineRun:
     """Materialise what is missing or stale (everything with `force`), stage by stage; raises on the first
     failed run, except a failed blocking check of one source's stage: the other sources go on to the
     end of that stage, then `HeldByCheck` stops the run (and later runs, until the check passes; see
     `check_holds.py`). `sources` limits the per-source stages to those partitions (a backfill of one source);
     with `force`, the per-source stages of those sources are redone and the global ones run when stale.
-    `comparisons` overrides the config's `comparisons` (whether the baselines train).
+    `comparisons` overrides the config's `comparisons` (whether the baselines train). `refresh` runs the
+    on-demand stages (labels and heads, mixture and training) on any new data, not only as their refresh
+    policy says (`moe_dag/assets/refresh.py`).
 
     Staleness needs the instance's history: without `instance`, one ephemeral instance serves the call."""
     definitions = build_definitions(config_path)
@@ -125,7 +132,8 @@ def materialize_all(
         forced = force and (per_source or not sources)  # a backfill of sources redoes only theirs
         for partition in (sources or config.source_names) if per_source else [None]:
             where = f" [{partition}]" if partition else ""
-            todo = keys if forced else _needs_run(keys, partition, instance, definitions, log)
+            staleness = Staleness(instance, definitions, config, refresh=refresh)
+            todo = keys if forced else _needs_run(keys, partition, staleness, definitions, log)
             run.up_to_date |= set(keys) - set(todo)
             holding = holds.holding(todo, partition) if todo else []
             if holding:
@@ -145,7 +153,8 @@ def materialize_all(
                     resources=definitions.resources,
                     run_config=QUIET_CONSOLE,
                     tags=run_tags(config, launched_by, partition)
-                    | (source_config_tags(definitions.assets, config, partition) if partition else {}),
+                    | (source_config_tags(definitions.assets, config, partition) if partition else {})
+                    | staleness.population_tags(todo),
                     raise_on_error=True,
                 )
             except DagsterAssetCheckFailedError:
@@ -172,12 +181,11 @@ def materialize_all(
 def _needs_run(
     keys: list[str],
     partition: str | None,
-    instance: dg.DagsterInstance,
+    staleness: Staleness,
     definitions: dg.Definitions,
     log: Callable[[str], None],
 ) -> list[str]:
     """The `keys` that are missing or stale, and those downstream of them within the stage."""
-    staleness = Staleness(instance, definitions, definitions.resources["pipeline"].config)
     graph = definitions.resolve_asset_graph()
     todo: list[str] = []
     for key in keys:

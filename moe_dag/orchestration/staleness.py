@@ -16,19 +16,34 @@ import json
 import dagster as dg
 
 from moe_dag.assets.dedup import VERSIONS
+from moe_dag.assets.operating import operation
+from moe_dag.assets.refresh import Refresh, moved_sources
 from moe_dag.config import PipelineConfig
 from moe_dag.data.dedup import CLUSTER_VERSION
 from moe_dag.data.shard_ledger import LedgerChanges, ShardLedger, ledger_path, scan_shards
-from moe_dag.orchestration.automation import TAG_SOURCE_CONFIG, source_config_version
+from moe_dag.orchestration.automation import (
+    TAG_POPULATION,
+    TAG_SOURCE_CONFIG,
+    config_value,
+    source_config_version,
+)
 from moe_dag.orchestration.dagster_internals import StaleStatus, stale_status_resolver
 
 
 class Staleness:
     """Answers for the instance's state at the time of asking: build one after each run."""
 
-    def __init__(self, instance: dg.DagsterInstance, definitions: dg.Definitions, config: PipelineConfig):
+    def __init__(
+        self,
+        instance: dg.DagsterInstance,
+        definitions: dg.Definitions,
+        config: PipelineConfig,
+        *,
+        refresh: bool = False,
+    ):
+        """`refresh`: on-demand assets follow new upstream data at once, as if their policy said so."""
         self.resolver = stale_status_resolver(instance, definitions)
-        self.instance, self.config = instance, config
+        self.instance, self.config, self.refresh = instance, config, refresh
         self.specs = {spec.key: spec for asset in definitions.assets for spec in asset.specs}
 
     def reason(self, asset: str, partition: str | None) -> str | None:
@@ -39,13 +54,57 @@ class Staleness:
             return "missing"
         if status == StaleStatus.STALE and not self._same_clusters_for_source(asset, partition):
             causes = self.resolver.get_stale_root_causes(key, partition)
-            return "stale: " + "; ".join(sorted({_describe(cause) for cause in causes}))
+            return self._by_policy(key, causes)
         if partition is not None and self._source_settings_changed(key, partition):
             return f"stale: the settings of source {partition!r} that {asset} reads changed"
         if asset == "raw_documents" and partition is not None:
             changes = shard_changes(self.config, partition)
             return f"shards: {changes.describe()}" if changes else None
         return None
+
+    def _by_policy(self, key: dg.AssetKey, causes: list) -> str | None:
+        """Why a stale asset needs a run; None for an on-demand asset stale only through new upstream
+        data that its refresh policy does not find enough (`moe_dag/assets/refresh.py`)."""
+        stale = "stale: " + "; ".join(sorted({_describe(cause) for cause in causes}))
+        refresh = operation(self.specs[key]).refresh
+        if refresh is None or self.refresh or any(cause.category.value != "DATA" for cause in causes):
+            return stale
+        moved = self._moved_population(key.to_user_string(), refresh)
+        if moved is None:
+            return stale
+        policy = f"{refresh.threshold} = {config_value(self.config, refresh.threshold)}"
+        return (
+            f"refresh: {refresh.population}'s kept documents moved past {policy}: {', '.join(moved)}"
+            if moved
+            else None
+        )
+
+    def population(self, asset: str) -> dict[str, int]:
+        """Kept documents per source of a per-source asset, from its partitions' latest materialisations."""
+        counts = {}
+        for source in self.config.source_names:
+            kept = _latest_metadata(self.instance, asset, source).get("kept")
+            if kept is not None:
+                counts[source] = int(kept.value)
+        return counts
+
+    def _moved_population(self, asset: str, refresh: Refresh) -> list[str] | None:
+        """The sources whose population moved past the policy's share since `asset` last ran (None: that
+        run recorded no population, so the policy cannot tell)."""
+        records = self.instance.fetch_materializations(dg.AssetKey(asset), limit=1).records
+        run = self.instance.get_run_by_id(records[0].run_id) if records else None
+        built = json.loads(run.tags.get(TAG_POPULATION, "{}")) if run else {}
+        if refresh.population not in built:
+            return None
+        share = config_value(self.config, refresh.threshold)
+        return moved_sources(built[refresh.population], self.population(refresh.population), share)
+
+    def population_tags(self, assets: list[str]) -> dict[str, str]:
+        """The run tag recording the populations the on-demand assets among `assets` are built from."""
+        watched = {operation(self.specs[dg.AssetKey(a)]).refresh for a in assets} - {None}
+        if not watched:
+            return {}
+        return {TAG_POPULATION: json.dumps({r.population: self.population(r.population) for r in watched})}
 
     def _source_settings_changed(self, key: dg.AssetKey, source: str) -> bool:
         """Whether the partition was built (by a run that recorded it) from other settings of its source

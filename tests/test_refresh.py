@@ -1,0 +1,77 @@
+"""Labels, heads and the mixture follow new data by their refresh policy (issue 21): a new shard that
+moves a source's kept documents by less than the configured share does not relabel or retrain."""
+
+from __future__ import annotations
+
+import dagster as dg
+import pytest
+from test_dedup_backfill import pipeline_config
+
+from moe_dag.assets.operating import operated
+from moe_dag.assets.refresh import Refresh, RefreshConfig, moved_sources
+from moe_dag.config import load_config
+from moe_dag.orchestration.automation import with_operating_attributes
+from moe_dag.orchestration.staleness import Staleness
+
+
+def test_moved_sources_counts_growth_shrinkage_and_new_sources():
+    assert moved_sources({"a": 100, "b": 100}, {"a": 119, "b": 81}, 0.2) == []
+    assert moved_sources({"a": 100, "b": 100}, {"a": 121, "b": 100}, 0.2) == ["a 100 -> 121"]
+    assert moved_sources({"a": 100}, {"a": 100, "c": 5}, 0.2) == ["c 0 -> 5"]
+    assert moved_sources({"a": 100}, {"a": 101}, 0.0) == ["a 100 -> 101"]
+    with pytest.raises(ValueError, match="refresh.relabel_after_change"):
+        RefreshConfig(relabel_after_change=-0.1)
+
+
+def test_an_on_demand_asset_waits_for_its_policy_unless_asked(tmp_path):
+    sources = dg.StaticPartitionsDefinition(["a", "b"])
+    kept = {"a": 100, "b": 100}
+
+    @dg.asset(partitions_def=sources, metadata=operated(1))
+    def toxicity_filtered(context) -> dg.MaterializeResult:
+        count = kept[context.partition_key]
+        return dg.MaterializeResult(metadata={"kept": count}, data_version=dg.DataVersion(str(count)))
+
+    @dg.asset(
+        deps=[toxicity_filtered],
+        metadata=operated(
+            1, refresh=Refresh(population="toxicity_filtered", threshold="refresh.relabel_after_change")
+        ),
+    )
+    def oracle_sample() -> None:
+        pass
+
+    config = load_config(pipeline_config(tmp_path, tmp_path / "corpus", "refresh"))
+    assets = with_operating_attributes([toxicity_filtered, oracle_sample], config)
+    definitions = dg.Definitions(assets=assets)
+    instance = dg.DagsterInstance.ephemeral()
+
+    def build(asset, partition=None, tags=None):
+        dg.materialize(
+            assets,
+            selection=[asset],
+            partition_key=partition,
+            instance=instance,
+            tags=tags,
+        )
+
+    def reason(refresh: bool = False) -> str | None:
+        return Staleness(instance, definitions, config, refresh=refresh).reason("oracle_sample", None)
+
+    for source in kept:
+        build("toxicity_filtered", source)
+    staleness = Staleness(instance, definitions, config)
+    build("oracle_sample", tags=staleness.population_tags(["oracle_sample"]))
+    assert reason() is None
+
+    kept["a"] = 110  # a new shard: 10% more, under the 20% of refresh.relabel_after_change
+    build("toxicity_filtered", "a")
+    assert reason() is None
+    assert reason(refresh=True).startswith("stale: ")  # `moe-dag run --refresh`: asked for
+
+    kept["a"] = 130
+    build("toxicity_filtered", "a")
+    assert reason() == (
+        "refresh: toxicity_filtered's kept documents moved past refresh.relabel_after_change = 0.2: "
+        "a 100 -> 130"
+    )
