@@ -240,3 +240,23 @@ def test_english_documents_decide_the_same_with_and_without_per_script_rules():
         with_rules = run_filters(pa.table({"text": pages}), [CONFIG.family_filter(family)])[0]
         without = run_filters(pa.table({"text": pages}), [off.family_filter(family)])[0]
         assert with_rules.to_pylist() == without.to_pylist(), family
+
+
+CZECH_MESSAGES = (
+    "Soubor nelze otevřít. Zkontrolujte oprávnění. Uložit změny před zavřením? Název souboru: dokument. "
+    "Chyba při čtení dat. Velikost písma: střední. Zobrazit skryté soubory. Obnovit výchozí nastavení. "
+    "Připojení k serveru selhalo. Zkuste to znovu později. Heslo je příliš krátké. Vyberte složku. "
+    "Tisk dokumentu byl zrušen. Tiskárna není připojena. Stahování dokončeno. Soubor byl přesunut do koše. "
+    "Opravdu chcete smazat tuto položku? Operace trvala příliš dlouho. Nový dokument. Poslední soubory."
+)
+
+
+def test_czech_punctuation_share_is_judged_by_its_group_settings():
+    """Czech says in fewer words what English says, so datatrove's punctuation tokens are a larger share
+    of its words: clean short sentences score about 0.76 on the alphabetic rule (cut 0.8)."""
+    out = run_filters(pa.table({"text": [CZECH_MESSAGES]}), build_prefilters(CONFIG, "web", [])[:-1])[0]
+    assert out["language"][0].as_py() == "cs" and out["gopher_quality_settings"][0].as_py() == "cs"
+    assert 0.75 <= out["gopher_alphabetic_word_fraction"][0].as_py() < 0.8
+    assert out["reason"][0].as_py() is None
+    english_cuts = build_prefilters(CONFIG.with_changes({"by_language": {}}), "web", [])[:-1]
+    assert reason(english_cuts, CZECH_MESSAGES) == "gopher_too_few_alphabetic_words"
