@@ -189,7 +189,9 @@ def measure_scale(lake_url: str, sources: list[str], workers: int, baseline: boo
         clustered = cluster_partitioned(lake, sources, config, workers=workers, part_rows=part_rows)
         result["cluster_s"] = time.perf_counter() - started
     result.update(
-        cluster_worker_rss_mib=peak.peak / MIB, rounds=clustered.rounds, duplicates=clustered.duplicates
+        cluster_worker_rss_mib=peak.peak / MIB,
+        rounds=clustered.rounds,
+        duplicates=clustered.report.duplicates,
     )
     shutil.rmtree(lake.dataset_dir("deduplicated"), ignore_errors=True)  # an earlier run's output
     with WorkerPeak() as peak:

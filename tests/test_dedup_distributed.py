@@ -31,6 +31,7 @@ from moe_dag.data.dedup.partitioned import (
     edge_partition,
     merge_labels,
 )
+from moe_dag.data.dedup.report import duplicate_report
 from moe_dag.data.lake import Lake
 
 CONFIG = MinHashConfig()
@@ -91,6 +92,9 @@ def test_partitioned_clusters_equal_the_single_process_reference(tmp_path, seed,
     written = lake.read_table("dedup_clusters")
     assert result.rows == written.num_rows == signatures.num_rows
     assert sorted_rows(written) == sorted_rows(reference)
+    # The versions and the report, summed from the parts, are those of the whole table.
+    assert result.versions == cluster_versions(reference)
+    assert result.report == duplicate_report(reference)
     # One file per signature shard, rows in the shard's order.
     shard = lake.read_file(lake.shard_path("minhash_signatures", "web", "s1"), ["id"])
     clusters = lake.read_file(f"{lake.dataset_dir('dedup_clusters')}/{cluster_file_name('web', 's1')}")

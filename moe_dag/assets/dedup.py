@@ -38,7 +38,7 @@ from moe_dag.data.dedup import (
     signature_rows,
 )
 from moe_dag.data.dedup.clusters import EMPTY_VERSION, cluster_row_counts
-from moe_dag.data.dedup.report import DuplicateReport, duplicate_report
+from moe_dag.data.dedup.report import DuplicateReport
 from moe_dag.data.engine import StageSpec
 from moe_dag.data.engine.cluster import cluster_cpus
 from moe_dag.data.engine.stages import DedupWork, SignatureWork
@@ -92,8 +92,7 @@ def dedup_clusters(
         pipeline.lake, config.source_names, config.dedup, workers=ray.workers or cluster_cpus()
     )
     written = _cluster_files(pipeline.lake)
-    report = duplicate_report(written)
-    versions = cluster_versions(written)
+    report, versions = result.report, result.versions
     previous = _latest_metadata(context.instance, "dedup_clusters").get(VERSIONS)
     changed = sorted(s for s in versions if previous is None or previous.value.get(s) != versions[s])
     context.log.info(

@@ -124,6 +124,11 @@ def cluster_versions(clusters: pa.Table | str | Sequence[str]) -> dict[str, str]
 
     Order-free (an XOR of per-row MD5s) and computed by DuckDB over a table or parquet files (paths or
     globs), so it streams over any number of rows."""
+    return format_versions(version_parts(clusters))
+
+
+def version_parts(clusters: pa.Table | str | Sequence[str]) -> dict[str, tuple[int, int]]:
+    """Per source, (rows, XOR of the rows' MD5s): parts of disjoint rows combine by sum and XOR."""
     with duckdb.connect() as con:
         clusters_view(con, clusters)
         rows = con.execute(
@@ -133,7 +138,11 @@ def cluster_versions(clusters: pa.Table | str | Sequence[str]) -> dict[str, str]
             FROM clusters GROUP BY source
             """
         ).fetchall()
-    return {source: f"{count}-{digest:032x}" for source, count, digest in rows}
+    return {source: (int(count), int(digest)) for source, count, digest in rows}
+
+
+def format_versions(parts: dict[str, tuple[int, int]]) -> dict[str, str]:
+    return {source: f"{count}-{digest:032x}" for source, (count, digest) in sorted(parts.items())}
 
 
 def clusters_view(con: duckdb.DuckDBPyConnection, clusters: pa.Table | str | Sequence[str]) -> None:

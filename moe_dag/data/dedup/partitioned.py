@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import posixpath
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,8 +45,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from moe_dag.data.dedup.clusters import CLUSTER_SCHEMA, _components, pair_similarity, similarity_column
+from moe_dag.data.dedup.clusters import (
+    CLUSTER_SCHEMA,
+    _components,
+    format_versions,
+    pair_similarity,
+    similarity_column,
+    version_parts,
+)
 from moe_dag.data.dedup.minhash import MinHashConfig
+from moe_dag.data.dedup.report import DuplicateReport, report_from_counts
 from moe_dag.data.lake import Lake
 
 CLUSTERS_STAGE = "dedup_clusters"
@@ -76,10 +85,11 @@ class Part:
 @dataclass(frozen=True)
 class PartitionedClusters:
     rows: int
-    duplicates: int
     rounds: int  # label-merging rounds of step 4
     candidates: int
     files: list[str]  # the cluster files written
+    versions: dict[str, str]  # `cluster_versions` of the files, summed from the parts
+    report: DuplicateReport  # `duplicate_report` of the files, summed from the parts
 
 
 def cluster_file_name(source: str, key: str) -> str:
@@ -172,20 +182,29 @@ def cluster_partitioned(
         for q, p in enumerate(planned)
     ]
     del labels, requests
-    survivors = [run(_survivors, n_parts, starts, *[m[r] for m in members]) for r in range(n_parts)]
+    survivors = [run(_survivors, n_parts + 1, starts, *[m[r] for m in members]) for r in range(n_parts)]
     del members
     written = run.get(
         [run(_write_part, None, p, *common, *[s[q] for s in survivors]) for q, p in enumerate(planned)]
     )
     candidates_count = sum(run.get(counts))
+    sizes: Counter[int] = Counter()
+    for part_sizes in run.get([s[n_parts] for s in survivors]):
+        sizes.update(part_sizes)
+    versions: dict[str, tuple[int, int]] = {}
+    for part in written:
+        for source, (count, digest) in part["versions"].items():
+            total, xor = versions.get(source, (0, 0))
+            versions[source] = (total + count, xor ^ digest)
     paths = [path for part in written for path in part["files"]]
     _remove_other_files(lake, paths)
     return PartitionedClusters(
         rows=sum(w["rows"] for w in written),
-        duplicates=sum(w["duplicates"] for w in written),
         rounds=rounds,
         candidates=candidates_count,
         files=paths,
+        versions=format_versions(versions),
+        report=report_from_counts(sizes, [tuple(row.values()) for w in written for row in w["counts"]]),
     )
 
 
@@ -457,6 +476,7 @@ def _members(
             "component": component,
             "rank": rank,
             "id": table["id"],
+            "source": table["source"],
             "node": touched,
             "content_hash": table["content_hash"],
             "value": table[column],
@@ -465,9 +485,10 @@ def _members(
     return _split_table(members, _part_of(component, starts), len(starts))
 
 
-def _survivors(starts: np.ndarray, *members: pa.Table) -> list[pa.Table]:
+def _survivors(starts: np.ndarray, *members: pa.Table) -> list[Any]:
     """Step 5b: per component, the member first in (source priority, id) survives; each member gets
-    its survivor's node, id, content hash and signature, split by the member's part."""
+    its survivor's node, id, source, content hash and signature, split by the member's part; last, the
+    number of components of each size."""
     table = pa.concat_tables(members).combine_chunks()
     order = [("component", "ascending"), ("rank", "ascending"), ("id", "ascending")]
     table = table.take(pc.sort_indices(table, sort_keys=order))
@@ -479,13 +500,15 @@ def _survivors(starts: np.ndarray, *members: pa.Table) -> list[pa.Table]:
             "node": table["node"],
             "survivor_node": survivor["node"],
             "survivor_id": survivor["id"],
+            "survivor_source": survivor["source"],
             "survivor_hash": survivor["content_hash"],
             "survivor_value": survivor["value"],
             "content_hash": table["content_hash"],
             "value": table["value"],
         }
     )
-    return _split_table(out, _part_of(table["node"].to_numpy(), starts), len(starts))
+    sizes = Counter(np.bincount(first).compress(np.bincount(first) > 0).tolist())
+    return [*_split_table(out, _part_of(table["node"].to_numpy(), starts), len(starts)), dict(sizes)]
 
 
 def _write_part(part: Part, lake_url: str, config: MinHashConfig, *survivors: pa.Table) -> dict[str, Any]:
@@ -524,13 +547,28 @@ def _write_part(part: Part, lake_url: str, config: MinHashConfig, *survivors: pa
             "jaccard": pa.array(jaccard, mask=~duplicate),
         }
     ).cast(CLUSTER_SCHEMA)
+    survivor_source = np.full(table.num_rows, None, dtype=object)
+    survivor_source[row] = touched["survivor_source"].to_numpy(zero_copy_only=False)
+    decisions = pa.table(
+        {
+            "source": table["source"],
+            "match": clusters["match"],
+            "survivor": pa.array(survivor_source, pa.string()),
+        }
+    )
+    counts = decisions.group_by(["source", "match", "survivor"]).aggregate([("source", "count")])
     files, offset = [], 0
     for file in part.files:
         path = posixpath.join(lake.dataset_dir(CLUSTERS_STAGE), cluster_file_name(file.source, file.key))
         lake.write_file(clusters.slice(offset, file.rows), path)
         files.append(path)
         offset += file.rows
-    return {"files": files, "rows": table.num_rows, "duplicates": int(duplicate.sum())}
+    return {
+        "files": files,
+        "rows": table.num_rows,
+        "versions": version_parts(clusters),
+        "counts": counts.select(["source", "match", "survivor", "source_count"]).to_pylist(),
+    }
 
 
 def _remove_other_files(lake: Lake, keep: list[str]) -> None:

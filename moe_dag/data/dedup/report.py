@@ -32,44 +32,41 @@ def duplicate_report(clusters: pa.Table | str | Sequence[str]) -> DuplicateRepor
         sizes = con.execute(
             """
             SELECT size, count(*) FROM (SELECT count(*) AS size FROM clusters GROUP BY cluster_id)
-            WHERE size > 1 GROUP BY size ORDER BY size
+            WHERE size > 1 GROUP BY size
             """
         ).fetchall()
-        con.execute(
+        rows = con.execute(
             """
-            CREATE TEMP TABLE duplicates AS
-            SELECT d.source, d.match, s.source AS survivor_source
-            FROM clusters AS d JOIN clusters AS s ON s.id = d.cluster_id
-            WHERE NOT d.is_survivor
+            SELECT d.source, d.match, s.source, count(*)
+            FROM clusters AS d LEFT JOIN clusters AS s ON NOT d.is_survivor AND s.id = d.cluster_id
+            GROUP BY ALL
             """
+        ).fetchall()
+    return report_from_counts(dict(sizes), rows)
+
+
+def report_from_counts(
+    cluster_sizes: dict[int, int], rows: list[tuple[str, str | None, str | None, int]]
+) -> DuplicateReport:
+    """The report from cluster sizes and (source, match, survivor's source, documents) counts, where
+    survivors count with match and survivor's source None; counts of disjoint rows may repeat a key."""
+    by_source: dict[str, dict[str, int]] = {}
+    across: dict[tuple[str, str], int] = {}
+    for source, match, survivor_source, count in rows:
+        row = by_source.setdefault(
+            source, {"documents": 0, "exact": 0, "near": 0, "within_source": 0, "across_sources": 0}
         )
-        by_source = con.execute(
-            """
-            SELECT c.source, count(*),
-                   (SELECT count(*) FROM duplicates AS d WHERE d.source = c.source AND d.match = 'exact'),
-                   (SELECT count(*) FROM duplicates AS d WHERE d.source = c.source AND d.match = 'near'),
-                   (SELECT count(*) FROM duplicates AS d
-                    WHERE d.source = c.source AND d.survivor_source = c.source)
-            FROM clusters AS c GROUP BY c.source ORDER BY c.source
-            """
-        ).fetchall()
-        across = con.execute(
-            """
-            SELECT source, survivor_source, count(*) FROM duplicates
-            WHERE source != survivor_source GROUP BY ALL ORDER BY ALL
-            """
-        ).fetchall()
+        row["documents"] += count
+        if match is None:
+            continue
+        row[match] += count
+        if survivor_source == source:
+            row["within_source"] += count
+        else:
+            row["across_sources"] += count
+            across[(source, survivor_source)] = across.get((source, survivor_source), 0) + count
     return DuplicateReport(
-        cluster_sizes={int(size): int(count) for size, count in sizes},
-        by_source={
-            source: {
-                "documents": documents,
-                "exact": exact,
-                "near": near,
-                "within_source": within,
-                "across_sources": exact + near - within,
-            }
-            for source, documents, exact, near, within in by_source
-        },
-        across={(source, survivor): count for source, survivor, count in across},
+        cluster_sizes={int(size): int(count) for size, count in sorted(cluster_sizes.items())},
+        by_source=dict(sorted(by_source.items())),
+        across=dict(sorted(across.items())),
     )
