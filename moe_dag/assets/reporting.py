@@ -5,25 +5,37 @@ which runs the shards that need it on the Ray resource and returns the stage's c
 finished shard of the source (run now or before), read from their completion records. The checks
 reconcile those counts with the stage's own parquet files and with the kept rows of the previous
 stage's files (an independent count: a stage that lost rows before counting them fails), bound the
-share each drop reason takes (`checks.max_drop_share`), and name a source the stage emptied.
+share each drop reason takes (`checks.max_drop_share`), name a source the stage emptied, and name a
+language the stage emptied (`checks.min_language_documents`): a source can keep 69% overall while whole
+languages of it vanish.
 """
 
 from __future__ import annotations
 
 import dagster as dg
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from moe_dag.assets.bounds import (
     ChecksConfig,
     drop_share_violations,
     duplicate_share_violation,
     emptied_source,
+    lost_languages,
 )
 from moe_dag.data.counts import slice_counts
 from moe_dag.data.engine import StageRun, StageSpec, upstream_inputs
+from moe_dag.data.lake import Lake
 from moe_dag.orchestration.resources import PipelineResource, RayResource
 
 RECONCILES = "rows_reconcile"
 NOT_EMPTIED = "source_not_emptied"
+LANGUAGES_KEPT = "languages_kept"
+# Rows not counted for their language: text language ID could not place, and languages the source does
+# not accept (dropping those is the rule doing its job).
+UNPLACED_LANGUAGES = ("und",)
+NOT_ACCEPTED = "language_not_allowed"
 DROP_SHARE = "drop_share_per_reason"
 DUPLICATE_SHARE = "duplicate_share_in_bounds"
 BOUND_DESCRIPTIONS = {
@@ -57,6 +69,14 @@ def decision_check_specs(asset: str, bounds: str | None = None) -> list[dg.Asset
             description="the source kept at least one document (blocking: an emptied source stops the "
             "pipeline at the stage that emptied it; the check names the stage, the top reasons and what to "
             "change)",
+        ),
+        dg.AssetCheckSpec(
+            LANGUAGES_KEPT,
+            asset=asset,
+            blocking=True,
+            description="every language with at least checks.min_language_documents documents at the stage's "
+            "input kept at least one (blocking: a rule that cannot read a script drops a whole language "
+            "while the source as a whole looks healthy)",
         ),
     ]
     if bounds is not None:
@@ -133,10 +153,40 @@ def decision_result(
     if emptied:
         context.log.warning(emptied)
         metadata["emptied_source"] = emptied
-    checks = [reconciled, problems_result(NOT_EMPTIED, [emptied] if emptied else [], {"kept": kept})]
+    by_language = language_counts(lake, run.stage, source)
+    lost = lost_languages(run.stage, source, by_language, pipeline.config.checks)
+    for problem in lost:
+        context.log.warning(problem)
+    kept_by_language = {language: {"in": n, "kept": k} for language, (n, k) in by_language.items()}
+    checks = [
+        reconciled,
+        problems_result(NOT_EMPTIED, [emptied] if emptied else [], {"kept": kept}),
+        problems_result(LANGUAGES_KEPT, lost, {"kept_by_language": dg.MetadataValue.json(kept_by_language)}),
+    ]
     if bounds is not None:
         checks.append(_bound_result(bounds, run, reasons, pipeline.config.checks))
     return dg.MaterializeResult(metadata=metadata, check_results=checks)
+
+
+def language_counts(lake: Lake, stage: str, source: str) -> dict[str, tuple[int, int]]:
+    """(documents in, documents kept) per language of a stage's slice, from its parquet files; {} when its
+    rows carry no `language` (language ID did not run). Unplaced text and rows dropped because the source
+    does not accept their language are not counted."""
+    tables = []
+    for path in lake.parquet_files(stage, source):
+        with lake.fs.open(path, "rb") as handle:
+            parquet = pq.ParquetFile(handle)
+            if "language" not in parquet.schema_arrow.names:
+                return {}
+            tables.append(parquet.read(columns=["language", "keep", "reason"]))
+    if not tables:
+        return {}
+    rows = pa.concat_tables(tables, promote_options="permissive")
+    not_accepted = pc.fill_null(pc.equal(rows["reason"], NOT_ACCEPTED), False)
+    unplaced = pc.or_(pc.is_null(rows["language"]), pc.is_in(rows["language"], pa.array(UNPLACED_LANGUAGES)))
+    rows = rows.filter(pc.invert(pc.or_(not_accepted, unplaced)))
+    grouped = rows.group_by("language").aggregate([("keep", "count"), ("keep", "sum")])
+    return {row["language"]: (row["keep_count"], row["keep_sum"]) for row in grouped.to_pylist()}
 
 
 def _bound_result(
