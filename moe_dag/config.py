@@ -27,6 +27,8 @@ from moe_dag.data.engine import RayConfig
 from moe_dag.data.filters import PrefilterConfig, ToxicityConfig
 from moe_dag.data.heads import BackboneConfig, CalibrationConfig, HeadTrainConfig
 from moe_dag.data.mixture import MixtureConfig
+from moe_dag.data.mixture.neutral import EvaluationConfig
+from moe_dag.data.mixture.search import MixtureSearchConfig
 from moe_dag.data.oracle import LabellingConfig, OpenAICompatibleConfig, VLLMEngineConfig
 from moe_dag.data.schema import SOURCE_KINDS, SourceKind
 from moe_dag.data.tokenizer import TokenizerConfig
@@ -148,6 +150,8 @@ class PipelineConfig:
     demo_corpus: DemoCorpusConfig | None = None
     ray: RayConfig = field(default_factory=RayConfig)  # where the data stages run (default: local Ray)
     checks: ChecksConfig = field(default_factory=ChecksConfig)  # the bounds the asset checks hold
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)  # neutral and user sets
+    mixture_search: MixtureSearchConfig = field(default_factory=MixtureSearchConfig)  # search-mixture
 
     @property
     def source_names(self) -> list[str]:

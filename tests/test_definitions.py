@@ -17,13 +17,26 @@ EXPECTED_DEPENDENCIES = {
     "quality_heads": {"oracle_labels", "oracle_sample"},
     "scored_documents": {"toxicity_filtered", "quality_heads"},
     "document_catalog": {"scored_documents"},
-    "tokenizer": {"scored_documents"},
-    "tokenized_mixture": {"tokenizer", "scored_documents"},
+    "neutral_documents": {"raw_documents", "dedup_clusters"},
+    "tokenizer": {"scored_documents", "neutral_documents"},
+    "tokenized_mixture": {"tokenizer", "scored_documents", "neutral_documents"},
+    "evaluation_sets": {"tokenizer", "neutral_documents"},
     "moe_proxy": {"tokenized_mixture"},
-    "proxy_eval": {"moe_proxy"},
-    "unfiltered_mixture": {"raw_documents", "dedup_clusters", "tokenizer", "tokenized_mixture"},
-    "curation_gain": {"unfiltered_mixture", "proxy_eval"},
-    "moe_gain": {"tokenized_mixture", "proxy_eval"},
+    "proxy_eval": {"moe_proxy", "evaluation_sets"},
+    "unfiltered_mixture": {
+        "raw_documents",
+        "dedup_clusters",
+        "tokenizer",
+        "tokenized_mixture",
+        "neutral_documents",
+    },
+    "curation_gain": {"unfiltered_mixture", "proxy_eval", "evaluation_sets"},
+    "moe_gain": {"tokenized_mixture", "proxy_eval", "evaluation_sets"},
+    "mixture_candidates": {"tokenized_mixture", "evaluation_sets"},
+    "candidate_proxy": {"mixture_candidates"},
+    "mixture_proposal": {"candidate_proxy"},
+    "mixture_validation": {"mixture_proposal"},
+    "mixture_search_report": {"mixture_validation"},
 }
 PER_SOURCE = {
     "raw_documents",
@@ -43,7 +56,7 @@ def test_asset_graph_snapshot():
     for name, parents in EXPECTED_DEPENDENCIES.items():
         node = graph.get(dg.AssetKey(name))
         assert {key.to_user_string() for key in node.parent_keys} == parents, name
-        assert (node.partitions_def is not None) == (name in PER_SOURCE), name
+        assert (node.partitions_def is not None) == (name in PER_SOURCE | {"candidate_proxy"}), name
         assert (node.pools == {"gpu"}) == (name in GPU_POOL), name
 
 

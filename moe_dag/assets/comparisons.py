@@ -1,15 +1,19 @@
 """The comparisons that say what the proxy's number means: the curation's gain and the MoE's gain.
 
 - `unfiltered_mixture`: the curated mixture's recipe (weights, sequence length, token budget,
-  tokenizer) applied to every ingested document, minus copies of the curated held-out documents.
-- `curation_gain`: the same proxy trained on it for the same steps, scored on the curated held-out
-  documents beside the curated proxy.
+  tokenizer) applied to every ingested document, minus the curated held-out documents, the neutral
+  evaluation set and their copies.
+- `curation_gain`: the same proxy trained on it for the same steps, scored beside the curated proxy.
 - `moe_gain`: a dense model with the proxy's active parameters trained on the curated mixture, scored
   beside the MoE proxy.
 
-Each comparison trains one more run (through Pipes, on the training device, like `moe_proxy`) and
-reports per source the two models' bits per byte with 95% intervals and the gain with a paired 95%
-interval, as a table and a plot, plus both training curves.
+Each comparison trains one more run (through Pipes, on the training device, like `moe_proxy`), scores
+both runs at their last two checkpoints on the curated held-out documents and on every evaluation set
+(the neutral set, drawn before any filter, does not favour the curated mixture by construction as the
+curated held-out set does), and reports per set and source the two models' bits per byte and the gain
+with a paired 95% interval, as tables and a plot, plus both training curves. Each set's result ends in
+one sentence (`verdict`): the gain and its interval, or "not resolved at this budget" with the steps
+the gain's measured trend and interval say would resolve it.
 """
 
 import dataclasses
@@ -19,6 +23,7 @@ from pathlib import Path
 import dagster as dg
 import pyarrow.parquet as pq
 
+from moe_dag.assets.evaluation import evaluation_set_dirs
 from moe_dag.assets.mixture import TOKENIZER_FILE
 from moe_dag.assets.operating import operated
 from moe_dag.assets.plots import curves_png, png_markdown
@@ -33,11 +38,16 @@ from moe_dag.assets.training_runs import (
     training_losses,
 )
 from moe_dag.data.mixture import build_mixture
+from moe_dag.data.mixture.neutral import NEUTRAL_SET, excluded_ids
 from moe_dag.data.mixture.unfiltered import unfiltered_documents
 from moe_dag.data.tokenizer import load_tokenizer
 from moe_dag.orchestration.resources import PipelineResource
 from moe_dag.training.baselines import dense_overrides
-from moe_dag.training.compare import compare_runs, read_document_losses
+from moe_dag.training.compare import compare_runs, read_document_losses, verdict
+from moe_dag.training.eval_sets import evaluate_on_sets, set_folder
+from moe_dag.training.evaluate import resolve_device
+
+CURATED_SET = "curated"  # the curated mixture's own held-out documents
 
 GAIN_COLUMNS = {
     "source": "source",
@@ -53,16 +63,18 @@ GAIN_COLUMNS = {
 @dg.asset(
     group_name="comparisons",
     kinds={"numpy"},
-    deps=["raw_documents", "dedup_clusters", "tokenizer", "tokenized_mixture"],
+    deps=["raw_documents", "dedup_clusters", "tokenizer", "tokenized_mixture", "neutral_documents"],
     metadata=operated(1, "mixture"),
 )
 def unfiltered_mixture(pipeline: PipelineResource) -> dg.MaterializeResult:
     """Every ingested document (no filters, dedup or quality heads) packed like the curated mixture, to
-    the same token budget; the curated held-out documents and their exact and near copies left out."""
+    the same token budget; the curated held-out documents, the neutral set, and their exact and near
+    copies left out."""
     lake, config = pipeline.lake, pipeline.config
     curated_dir = lake.artifact_dir("tokenized_mixture")
     curated = json.loads((curated_dir / "mixture.json").read_text())
     heldout_ids = set(pq.read_table(curated_dir / "heldout.parquet", columns=["id"])["id"].to_pylist())
+    heldout_ids |= excluded_ids(lake)  # the neutral set and its copies
     raw = {
         name: lake.read_table("raw_documents", name, columns=["id", "text"]) for name in config.source_names
     }
@@ -90,9 +102,9 @@ def unfiltered_mixture(pipeline: PipelineResource) -> dg.MaterializeResult:
 @dg.asset(
     group_name="comparisons",
     kinds={"pytorch"},
-    deps=["unfiltered_mixture", "proxy_eval"],
+    deps=["unfiltered_mixture", "proxy_eval", "evaluation_sets"],
     pool="gpu",
-    metadata=operated(1, "training"),
+    metadata=operated(2, "training", "evaluation"),
 )
 def curation_gain(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
     """The proxy trained on the unfiltered mixture for the same steps, against the curated proxy on the
@@ -101,15 +113,16 @@ def curation_gain(context: dg.AssetExecutionContext, pipeline: PipelineResource)
     data_dir = lake.artifact_dir("unfiltered_mixture")
     run_dir = run_dir_for(data_dir, launch, lake.artifact_dir("curation_gain"))
     launch_training(context, launch, data_dir, run_dir, eval_on=lake.artifact_dir("tokenized_mixture"))
-    return _comparison(latest_run(lake.artifact_dir("moe_proxy")), run_dir, "curated", "unfiltered")
+    proxy_run = latest_run(lake.artifact_dir("moe_proxy"))
+    return _comparison(pipeline, proxy_run, run_dir, "curated", "unfiltered", "curation gain")
 
 
 @dg.asset(
     group_name="comparisons",
     kinds={"pytorch"},
-    deps=["tokenized_mixture", "proxy_eval"],
+    deps=["tokenized_mixture", "proxy_eval", "evaluation_sets"],
     pool="gpu",
-    metadata=operated(1, "training"),
+    metadata=operated(2, "training", "evaluation"),
 )
 def moe_gain(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
     """A dense model with the proxy's active parameters, trained like it on the curated mixture, against
@@ -119,15 +132,43 @@ def moe_gain(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> d
     data_dir = lake.artifact_dir("tokenized_mixture")
     run_dir = run_dir_for(data_dir, dense, lake.artifact_dir("moe_gain"))
     launch_training(context, dense, data_dir, run_dir, eval_on=data_dir)
-    return _comparison(latest_run(lake.artifact_dir("moe_proxy")), run_dir, "MoE", "dense")
+    return _comparison(
+        pipeline, latest_run(lake.artifact_dir("moe_proxy")), run_dir, "MoE", "dense", "MoE gain"
+    )
 
 
 def _comparison(
-    proxy_run: Path, baseline_run: Path, proxy_name: str, baseline_name: str
+    pipeline: PipelineResource,
+    proxy_run: Path,
+    baseline_run: Path,
+    proxy_name: str,
+    baseline_name: str,
+    what: str,
 ) -> dg.MaterializeResult:
-    gains = compare_runs(read_document_losses(proxy_run), read_document_losses(baseline_run))
-    rows = evaluation_rows(gains, with_overall=True)
-    (baseline_run / "comparison.json").write_text(json.dumps(gains, indent=2) + "\n")
+    """Both runs scored at their last two checkpoints on the curated held-out documents and on every
+    evaluation set; per set the paired gain, and one sentence that says whether it is resolved."""
+    sets = {CURATED_SET: pipeline.lake.artifact_dir("tokenized_mixture"), **evaluation_set_dirs(pipeline)}
+    device = resolve_device("auto")
+    scored = [evaluate_on_sets(run, sets, checkpoints=2, device=device) for run in (proxy_run, baseline_run)]
+    results: dict[str, dict] = {}
+    for name in sets:
+        steps = sorted(set(scored[0][name]) & set(scored[1][name]))
+        by_step = [
+            compare_runs(
+                read_document_losses(set_folder(proxy_run, name, step)),
+                read_document_losses(set_folder(baseline_run, name, step)),
+            )
+            for step in steps
+        ]
+        final = by_step[-1]
+        judged = verdict(
+            steps,
+            [g["overall"]["gain"] for g in by_step],
+            final["overall"]["gain_ci"],
+            f"{what} on the {name} set",
+        )
+        results[name] = {**final, **judged, "steps": steps}
+    (baseline_run / "comparison.json").write_text(json.dumps(results, indent=2) + "\n")
     curves = {
         name: training_losses(run) for name, run in ((proxy_name, proxy_run), (baseline_name, baseline_run))
     }
@@ -136,15 +177,34 @@ def _comparison(
         name: evaluation_rows(read_evaluation(run))
         for name, run in ((proxy_name, proxy_run), (baseline_name, baseline_run))
     }
-    overall = gains["overall"]
+    curated = results[CURATED_SET]["overall"]
+    headline = results[NEUTRAL_SET if NEUTRAL_SET in results else CURATED_SET]
+    tables = "\n\n".join(
+        f"**{name}** ({result['sentence']})\n\n"
+        + markdown_table(evaluation_rows(result, with_overall=True), GAIN_COLUMNS)
+        for name, result in results.items()
+    )
     return dg.MaterializeResult(
         metadata={
-            "gain_bits_per_byte": overall["gain"],
-            "gain_ci95": dg.MetadataValue.json(overall["gain_ci"]),
-            f"{proxy_name}_bits_per_byte": overall["proxy_bits_per_byte"],
-            f"{baseline_name}_bits_per_byte": overall["baseline_bits_per_byte"],
-            "documents": overall["documents"],
-            "table": dg.MetadataValue.md(markdown_table(rows, GAIN_COLUMNS)),
+            "verdict": headline["sentence"],
+            "verdicts": dg.MetadataValue.json({name: result["sentence"] for name, result in results.items()}),
+            "gains": dg.MetadataValue.json(
+                {
+                    name: {
+                        "gain": result["overall"]["gain"],
+                        "gain_ci95": result["overall"]["gain_ci"],
+                        "resolved": result["resolved"],
+                        "steps_to_resolve": result["steps_to_resolve"],
+                    }
+                    for name, result in results.items()
+                }
+            ),
+            "gain_bits_per_byte": curated["gain"],
+            "gain_ci95": dg.MetadataValue.json(curated["gain_ci"]),
+            f"{proxy_name}_bits_per_byte": curated["proxy_bits_per_byte"],
+            f"{baseline_name}_bits_per_byte": curated["baseline_bits_per_byte"],
+            "documents": curated["documents"],
+            "table": dg.MetadataValue.md(tables),
             "plot": bits_per_byte_plot(series, f"held-out bits per byte: {proxy_name} vs {baseline_name}"),
             "training_loss": dg.MetadataValue.md(png_markdown(losses, "training loss")),
             "baseline_run": dg.MetadataValue.path(str(baseline_run)),

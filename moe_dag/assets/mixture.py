@@ -25,6 +25,7 @@ from moe_dag.data.engine.stages import TokenizeWork
 from moe_dag.data.mixture import SourceTokens, TokenShard, pack_mixture
 from moe_dag.data.mixture.build import HELDOUT_SCHEMA
 from moe_dag.data.mixture.heldout import heldout_cut, split_at_cut
+from moe_dag.data.mixture.neutral import excluded_ids, without_excluded
 from moe_dag.data.schema import kept_rows
 from moe_dag.data.tokenizer import eos_id, load_tokenizer, save_tokenizer, train_tokenizer
 from moe_dag.orchestration.resources import PipelineResource, RayResource
@@ -38,13 +39,14 @@ WEIGHTED_SOURCES_TRAINED = "weighted_sources_trained"
 @dg.asset(
     group_name="training",
     kinds={"huggingface"},
-    deps=["scored_documents"],
+    deps=["scored_documents", "neutral_documents"],
     # the held-out cut comes from the mixture config
     metadata=operated(1, "tokenizer", "mixture"),
 )
 def tokenizer(pipeline: PipelineResource) -> dg.MaterializeResult:
     """A byte-level BPE tokenizer trained on the kept documents of training, streamed from the lake: the
-    documents the mixture holds out for evaluation (the same cut) never reach it."""
+    documents held out for evaluation (the mixture's cut, and the neutral set with its copies) never
+    reach it."""
     lake = pipeline.lake
     cuts = _heldout_cuts(pipeline)
     counted = {"documents": 0}
@@ -74,6 +76,7 @@ def _tokenize_sources(
     """Every source's token shards (tokenised where missing or stale) and the held-out documents."""
     lake, config = pipeline.lake, pipeline.config.mixture
     cuts = _heldout_cuts(pipeline)
+    excluded = excluded_ids(lake)
     tokenizer_path = str(lake.artifact_dir("tokenizer") / TOKENIZER_FILE)
     spec = StageSpec(
         outputs=(TOKENS_STAGE, HELDOUT_STAGE),
@@ -84,9 +87,12 @@ def _tokenize_sources(
             tokenizer_path,
             config.eos_token,
             cuts,
+            excluded,
         ),
         # A retrained tokenizer, or a held-out set that moved, retokenises every shard.
-        params=repr((hashlib.sha256(trained.to_str().encode()).hexdigest(), config.eos_token, cuts)),
+        params=repr(
+            (hashlib.sha256(trained.to_str().encode()).hexdigest(), config.eos_token, cuts, sorted(excluded))
+        ),
     )
     sources, heldout = {}, [HELDOUT_SCHEMA.empty_table()]
     for name in sorted(pipeline.config.source_names):
@@ -98,8 +104,10 @@ def _tokenize_sources(
 
 
 def _kept_batches(pipeline: PipelineResource, source: str, columns: list[str]) -> Iterator[pa.Table]:
+    """The kept documents training may use: the neutral set and its copies left out."""
+    excluded = excluded_ids(pipeline.lake)
     for batch in pipeline.lake.iter_batches("scored_documents", source, columns=columns):
-        yield kept_rows(batch)
+        yield without_excluded(kept_rows(batch), excluded)
 
 
 def _heldout_cuts(pipeline: PipelineResource) -> dict[str, int | None]:
@@ -119,7 +127,7 @@ def _heldout_cuts(pipeline: PipelineResource) -> dict[str, int | None]:
 @dg.asset(
     group_name="training",
     kinds={"numpy", "ray"},
-    deps=["tokenizer", "scored_documents"],
+    deps=["tokenizer", "scored_documents", "neutral_documents"],
     metadata=operated(1, "mixture"),
     check_specs=[
         dg.AssetCheckSpec(

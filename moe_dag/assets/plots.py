@@ -15,11 +15,19 @@ def png_markdown(png: bytes | Path, title: str) -> str:
     return f"![{title}](data:image/png;base64,{base64.b64encode(data).decode()})"
 
 
-def scatter_png(x: list[float], y: list[float], x_label: str, y_label: str, title: str) -> bytes:
+def scatter_png(
+    x: list[float],
+    y: list[float],
+    x_label: str,
+    y_label: str,
+    title: str,
+    limits: tuple[float, float] = (0, 1),
+) -> bytes:
+    """Points against the diagonal y = x, both axes over `limits`."""
     figure, axes = plt.subplots(figsize=(4.5, 4))
     axes.scatter(x, y, s=8, alpha=0.6)
-    axes.plot([0, 1], [0, 1], color="grey", linewidth=1, linestyle="--")
-    axes.set(xlabel=x_label, ylabel=y_label, title=title, xlim=(0, 1), ylim=(0, 1))
+    axes.plot(limits, limits, color="grey", linewidth=1, linestyle="--")
+    axes.set(xlabel=x_label, ylabel=y_label, title=title, xlim=limits, ylim=limits)
     return _to_png(figure)
 
 

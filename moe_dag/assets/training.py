@@ -1,8 +1,11 @@
 """moe_proxy and proxy_eval: train the MoE proxy in its own process, then publish its held-out scores."""
 
+from pathlib import Path
+
 import dagster as dg
 import pyarrow as pa
 
+from moe_dag.assets.evaluation import SET_DOCUMENTS_STAGE, evaluation_set_dirs
 from moe_dag.assets.operating import operated
 from moe_dag.assets.training_runs import (
     bits_per_byte_plot,
@@ -17,6 +20,10 @@ from moe_dag.assets.training_runs import (
     training_check_specs,
 )
 from moe_dag.orchestration.resources import PipelineResource
+from moe_dag.training.eval_sets import evaluate_on_sets
+from moe_dag.training.evaluate import resolve_device
+
+SETS_TABLE = "proxy_eval_sets"  # the proxy on the neutral and user evaluation sets
 
 EVAL_COLUMNS = {
     "source": "source",
@@ -54,18 +61,26 @@ def moe_proxy(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> 
 @dg.asset(
     group_name="training",
     kinds={"pytorch", "parquet"},
-    deps=["moe_proxy"],
+    deps=["moe_proxy", "evaluation_sets"],
     pool="duckdb_catalog",
-    metadata=operated(1),
+    metadata=operated(2, "evaluation"),
 )
 def proxy_eval(pipeline: PipelineResource) -> dg.MaterializeResult:
     """Held-out loss and bits per byte of the proxy per source, each with its document count and a 95%
-    interval over documents; computed by the training process (eval.json), published to the catalog."""
+    interval over documents: on the curated held-out documents (computed by the training process,
+    eval.json) in `proxy_eval`, and on the neutral and user evaluation sets (scored here) in
+    `proxy_eval_sets`; both published to the catalog."""
     lake = pipeline.lake
     run_dir = latest_run(lake.artifact_dir("moe_proxy"))
     report = read_evaluation(run_dir)
     lake.write_table(pa.Table.from_pylist(evaluation_rows(report)), "proxy_eval")
-    pipeline.catalog.refresh({"proxy_eval": False})
+    sets = scored_sets(run_dir, pipeline)
+    set_rows = [
+        {"eval_set": name, **row} for name, figures in sets.items() for row in evaluation_rows(figures, True)
+    ]
+    if set_rows:
+        lake.write_table(pa.Table.from_pylist(set_rows), SETS_TABLE)
+    pipeline.catalog.refresh({"proxy_eval": False, SETS_TABLE: False, SET_DOCUMENTS_STAGE: False})
     overall = report["overall"]
     return dg.MaterializeResult(
         metadata={
@@ -75,7 +90,28 @@ def proxy_eval(pipeline: PipelineResource) -> dg.MaterializeResult:
             "documents": overall["documents"],
             "step": report["step"],
             "checkpoint": dg.MetadataValue.path(report["checkpoint"]),
+            "evaluation_sets": dg.MetadataValue.json(
+                {
+                    name: {
+                        "bits_per_byte": figures["overall"]["bits_per_byte"],
+                        "bits_per_byte_ci95": figures["overall"]["bits_per_byte_ci"],
+                        "documents": figures["overall"]["documents"],
+                    }
+                    for name, figures in sets.items()
+                }
+            ),
+            "per_set": dg.MetadataValue.md(markdown_table(set_rows, {"eval_set": "set", **EVAL_COLUMNS})),
             "per_source": dg.MetadataValue.md(markdown_table(evaluation_rows(report, True), EVAL_COLUMNS)),
             "plot": bits_per_byte_plot({"proxy": evaluation_rows(report)}, "held-out bits per byte"),
         }
     )
+
+
+def scored_sets(run_dir: Path, pipeline: PipelineResource, checkpoints: int = 1) -> dict[str, dict]:
+    """The run's newest checkpoint scored on every evaluation set (`evaluation_sets` must have run)."""
+    sets = evaluation_set_dirs(pipeline)
+    missing = [name for name, folder in sets.items() if not (folder / "heldout.parquet").exists()]
+    if missing:
+        raise dg.Failure(f"evaluation sets {missing} are not tokenised yet: materialise evaluation_sets")
+    scored = evaluate_on_sets(run_dir, sets, checkpoints=checkpoints, device=resolve_device("auto"))
+    return {name: by_step[max(by_step)] for name, by_step in scored.items()}

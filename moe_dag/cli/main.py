@@ -48,6 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.command in ("demo-corpus", "demo"):
+    commands.add_parser(
+        "search-mixture",
+        help="search the mixture weights with a swarm of small proxies, after `run` (docs/mixture_search.md)",
+    )
         write_demo_corpus(args.config)
     if args.command in ("run", "demo"):
         run_all(
@@ -63,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("summary", "demo"):
         from moe_dag.cli.summary import format_summary
 
+    if args.command == "search-mixture":
+        return search_mixture(args.config)
         print(format_summary(load_config(args.config)))
     return 0
 
@@ -107,6 +113,28 @@ def free_stuck_runs() -> int:
 
     if not os.environ.get("DAGSTER_HOME"):
         print(
+def search_mixture(config_path: str) -> int:
+    """The mixture search job; prints the proposal's snippet and how it validated."""
+    from moe_dag.orchestration.mixture_search import search_mixture as run_search
+
+    home = None if os.environ.get("DAGSTER_HOME") else str(_default_home(config_path))
+    figures = run_search(config_path, home)
+    low, high = figures["gain_vs_configured_ci"]
+    inside = "inside" if figures["inside_predicted_interval"] else "outside"
+    print(
+        f"proposal: {figures['achieved']:.4f} neutral bits per byte, {inside} its predicted interval "
+        f"(error {figures['validation_error']:+.4f}); against the configured mixture "
+        f"{figures['gain_vs_configured']:+.4f} ({low:+.4f} to {high:+.4f})"
+    )
+    return 0
+
+
+def _default_home(config_path: str) -> Path:
+    home = Path(load_config(config_path).catalog_path).parent / "dagster"
+    home.mkdir(parents=True, exist_ok=True)
+    return home
+
+
             "moe-dag free-stuck-runs: set DAGSTER_HOME to the instance's folder (make sets it)",
             file=sys.stderr,
         )

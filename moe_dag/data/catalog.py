@@ -35,6 +35,9 @@ LAKE_STAGES = {
     "oracle_label_cache": False,
     "scored_documents": True,
     "proxy_eval": False,
+    "evaluation_documents": False,  # the neutral and user evaluation sets' documents
+    "proxy_eval_sets": False,  # the proxy on those sets
+    "mixture_search": False,  # the mixture search's candidates, proposal and configured mixture
 }
 DECISION_STAGES = ["prefiltered", "deduplicated", "toxicity_filtered", "scored_documents"]
 FUNNEL_STAGES = ["raw_documents", *DECISION_STAGES]

@@ -14,9 +14,11 @@ from moe_dag.assets import (
     dedup,
     heads,
     ingest,
+    evaluation,
     mixture,
     oracle,
     prefilter,
+    mixture_search,
     scoring,
     toxicity,
     training,
@@ -40,8 +42,10 @@ ASSET_MODULES = [
     mixture,
     training,
     comparisons,
+    evaluation,
 ]
 
+    mixture_search,
 curate_source = dg.define_asset_job(
     "curate_source",
     selection=dg.AssetSelection.assets("raw_documents", "prefiltered", "minhash_signatures"),
@@ -93,7 +97,7 @@ def build_definitions(config_path: str | Path | None = None) -> dg.Definitions:
     return dg.Definitions(
         assets=with_operating_attributes(assets, config),
         asset_checks=dg.load_asset_checks_from_modules(ASSET_MODULES),
-        jobs=[curate_source, rescore_sources],
+        jobs=[curate_source, rescore_sources, mixture_search.mixture_search_job],
         schedules=[weekly_rescoring_schedule(partitions, config)],
         sensors=[stuck_run_reaper, dedup.dedup_consistency, *new_shards, automation_sensor(config)],
         resources={

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from moe_dag.training.bootstrap import paired_difference_interval
+from moe_dag.training.bootstrap import paired_difference_interval, percentile_interval, resampled_sums
 from moe_dag.training.evaluate import EVAL_DOCUMENTS_FILE
 
 
@@ -59,4 +59,67 @@ def compare_runs(proxy: pa.Table, baseline: pa.Table, *, seed: int = 0) -> dict[
     return {
         "overall": figures(every, sources_N),
         "sources": {source: figures(sources_N == source, None) for source in sorted(set(sources_N.tolist()))},
+    }
+
+
+def average_bits_per_byte(
+    runs: list[pa.Table], *, seed: int = 0
+) -> tuple[list[float], list[tuple[float, float]], list[tuple[float, float]]]:
+    """Each run's bits per byte averaged over sources (every source weighs the same, however many
+    bytes it has: the target of a mixture search), its 95% interval, and the paired 95% interval of
+    each run's average minus the first run's; all runs scored on the same documents."""
+    order = [("source", "ascending"), ("id", "ascending")]
+    runs = [run.sort_by(order) for run in runs]
+    for run in runs[1:]:
+        for column in ("source", "id", "num_bytes"):
+            if run[column] != runs[0][column]:
+                raise ValueError(f"the runs were scored on different documents ({column} differs)")
+    sources_N = np.asarray(runs[0]["source"].to_pylist())
+    names = sorted(set(sources_N.tolist()))
+    masks_NS = np.stack([sources_N == name for name in names], axis=1).astype(np.float64)
+    bytes_N = runs[0]["num_bytes"].to_numpy().astype(np.float64)
+    # Per source, every run's bits and the bytes, summed over one resample of each source's documents.
+    columns = [run["nll_nats"].to_numpy()[:, None] / math.log(2) * masks_NS for run in runs]
+    values_NK = np.concatenate([*columns, bytes_N[:, None] * masks_NS], axis=1)
+    sums_RK = resampled_sums(values_NK, sources_N, seed=seed)
+    full_K = values_NK.sum(axis=0)
+    width = len(names)
+
+    def averages(sums: np.ndarray, run: int) -> np.ndarray:
+        bits = sums[..., run * width : (run + 1) * width]
+        return (bits / sums[..., len(runs) * width :]).mean(axis=-1)
+
+    points = [float(averages(full_K, run)) for run in range(len(runs))]
+    own = [percentile_interval(averages(sums_RK, run)) for run in range(len(runs))]
+    paired = [percentile_interval(averages(sums_RK, run) - averages(sums_RK, 0)) for run in range(len(runs))]
+    return points, own, paired
+
+
+def verdict(steps: list[int], gains: list[float], interval: tuple[float, float], what: str) -> dict[str, Any]:
+    """One sentence on a gain measured at `steps` (oldest first; the last is the budget trained), with
+    the last step's 95% `interval`: resolved when it excludes zero, else how many steps would resolve it.
+
+    The estimate assumes the interval keeps its width (it comes from which documents are scored, not from
+    training) while the gain follows its measured trend in log steps between the last two budgets,
+    g(s) = g(T) + b ln(s / T); resolution is where |g(s)| reaches the interval's half-width. A gain that
+    did not move between the two budgets, or a single budget, gives no estimate."""
+    gain, (low, high), budget = gains[-1], interval, steps[-1]
+    stated = f"{what}: {gain:+.4f} bits/byte (95% interval {low:+.4f} to {high:+.4f}) at {budget} steps"
+    if low > 0 or high < 0:
+        return {"resolved": True, "steps_to_resolve": None, "sentence": f"{stated}."}
+    needed = None
+    if len(steps) > 1 and steps[-2] < budget and gains[-1] != gains[-2]:
+        slope = (gains[-1] - gains[-2]) / math.log(budget / steps[-2])
+        half = (high - low) / 2
+        exponent = (math.copysign(half, slope) - gain) / slope
+        needed = math.ceil(budget * math.exp(exponent)) if exponent < math.log(1e6) else None
+    trend = (
+        f"the gain's trend between {steps[-2]} and {budget} steps says about {needed} steps would resolve it"
+        if needed is not None
+        else "no budget in reach is measured (one budget scored, or a gain that did not grow)"
+    )
+    return {
+        "resolved": False,
+        "steps_to_resolve": needed,
+        "sentence": f"{stated}: not resolved at this budget; {trend}.",
     }

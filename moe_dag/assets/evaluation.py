@@ -1,0 +1,114 @@
+"""neutral_documents and evaluation_sets: the evaluation sets fixed before any filter runs.
+
+`neutral_documents` draws each source's neutral sample from its raw documents by id hash and lists what
+training must never see (the sample, its exact copies, its dedup cluster mates); the tokenizer, the
+curated mixture, the unfiltered baseline and the mixture search all leave those out. `evaluation_sets`
+tokenises the neutral set and the config's user sets, one folder each, for the trainer's `--eval-on`,
+and lists their documents for the catalog (`evaluation_documents`). See moe_dag/data/mixture/neutral.py.
+"""
+
+from pathlib import Path
+
+import dagster as dg
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from moe_dag.assets.mixture import TOKENIZER_FILE
+from moe_dag.assets.operating import operated
+from moe_dag.data.mixture.neutral import (
+    EXCLUSIONS_STAGE,
+    NEUTRAL_SET,
+    read_user_set,
+    select_neutral,
+    write_evaluation_set,
+)
+from moe_dag.data.tokenizer import eos_id, load_tokenizer
+from moe_dag.orchestration.resources import PipelineResource
+
+NEUTRAL_STAGE = "neutral_documents"
+SET_DOCUMENTS_STAGE = "evaluation_documents"
+
+
+def evaluation_set_dirs(pipeline: PipelineResource) -> dict[str, Path]:
+    """Set name -> its tokenised folder (neutral first), as `evaluation_sets` wrote them."""
+    root = pipeline.lake.artifact_dir("evaluation_sets")
+    names = ([NEUTRAL_SET] if pipeline.config.evaluation.neutral_per_source else []) + sorted(
+        pipeline.config.evaluation.user_sets
+    )
+    return {name: root / name for name in names}
+
+
+@dg.asset(
+    group_name="training",
+    kinds={"parquet"},
+    deps=["raw_documents", "dedup_clusters"],
+    metadata=operated(1, "evaluation.neutral_per_source", "source_names"),
+)
+def neutral_documents(pipeline: PipelineResource) -> dg.MaterializeResult:
+    """Each source's neutral evaluation sample, drawn from the raw documents by id hash before any filter
+    decides, and every document training must leave out because of it (the sample, exact copies, dedup
+    cluster mates)."""
+    lake, config = pipeline.lake, pipeline.config
+    clusters = lake.read_table("dedup_clusters", columns=["id", "cluster_id"])
+    documents, exclusions = select_neutral(
+        config.source_names,
+        lambda source: lake.iter_batches("raw_documents", source, columns=["id", "text"]),
+        config.evaluation.neutral_per_source,
+        clusters,
+    )
+    lake.write_table(documents, NEUTRAL_STAGE)
+    lake.write_table(exclusions, EXCLUSIONS_STAGE)
+    reasons = pc.value_counts(exclusions["reason"]).to_pylist()
+    return dg.MaterializeResult(
+        metadata={
+            "documents": documents.num_rows,
+            "per_source": dg.MetadataValue.json(_counts(documents["source"])),
+            "excluded_from_training": dg.MetadataValue.json({r["values"]: r["counts"] for r in reasons}),
+        }
+    )
+
+
+@dg.asset(
+    group_name="training",
+    kinds={"parquet"},
+    deps=["tokenizer", "neutral_documents"],
+    metadata=operated(1, "evaluation", "mixture.seq_len", "mixture.eos_token"),
+)
+def evaluation_sets(pipeline: PipelineResource) -> dg.MaterializeResult:
+    """The neutral set and each user set tokenised in the layout `--eval-on` reads, one folder each."""
+    lake, config = pipeline.lake, pipeline.config
+    tokenizer = load_tokenizer(lake.artifact_dir("tokenizer") / TOKENIZER_FILE)
+    eos = eos_id(tokenizer, config.mixture.eos_token)
+    listed = []
+    for name, folder in evaluation_set_dirs(pipeline).items():
+        documents = (
+            lake.read_table(NEUTRAL_STAGE)
+            if name == NEUTRAL_SET
+            else read_user_set(name, config.evaluation.user_sets[name])
+        )
+        table = write_evaluation_set(documents, tokenizer, eos, config.mixture.seq_len, folder)
+        listed.append(
+            pa.table(
+                {
+                    "eval_set": [name] * table.num_rows,
+                    "source": table["source"],
+                    "id": table["id"],
+                    "tokens": pc.list_value_length(table["tokens"]),
+                    "num_bytes": table["num_bytes"],
+                }
+            )
+        )
+    if listed:
+        lake.write_table(pa.concat_tables(listed), SET_DOCUMENTS_STAGE)
+    return dg.MaterializeResult(
+        metadata={
+            "sets": dg.MetadataValue.json(
+                {t["eval_set"][0].as_py(): _counts(t["source"]) for t in listed if t.num_rows}
+            ),
+            "path": dg.MetadataValue.path(str(lake.artifact_dir("evaluation_sets"))),
+        }
+    )
+
+
+def _counts(column: pa.ChunkedArray) -> dict[str, int]:
+    return {row["values"]: row["counts"] for row in pc.value_counts(column).to_pylist()}
