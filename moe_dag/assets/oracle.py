@@ -37,7 +37,10 @@ def oracle_sample(pipeline: PipelineResource) -> dg.MaterializeResult:
     config, lake = pipeline.config, pipeline.lake
     to_label, to_calibrate, counts = [], [], {}
     for source in config.sources:
-        table = lake.read_table("toxicity_filtered", source.name, columns=["id", "text", "source", "keep"])
+        # The language (where language ID ran) travels along: thresholds are calibrated per language.
+        language = ["language"] if source.languages is not None else []
+        columns = ["id", "text", "source", "keep", *language]
+        table = lake.read_table("toxicity_filtered", source.name, columns=columns)
         needed = calibration_sample_size(source.keep_rate, config.calibration)
         labelled, calibration = split_sample(
             kept_rows(table), config.oracle.per_source, needed, config.oracle.seed

@@ -40,9 +40,12 @@ class DistilledHeads:
 
 
 def labelled_documents(labels: pa.Table, documents: pa.Table) -> pa.Table:
-    """The labelled sample (id, text, source, rubric, scores) in id order: the heads' training input."""
+    """The labelled sample (id, text, source, rubric, scores, and language where language ID ran) in id
+    order: the heads' training input."""
     labels = labels.select(["id", "rubric", "scores"])
-    documents = documents.select(["id", "text", "source"])
+    documents = documents.select(
+        [c for c in ("id", "text", "source", "language") if c in documents.column_names]
+    )
     return documents.join(labels, "id", join_type="inner").sort_by("id")
 
 
@@ -68,7 +71,9 @@ def distil_heads(
         labelled["source"].to_pylist(),
         train_config,
     )
-    heldout = labelled.select(["id", "text", "source"]).take(trained.heldout.index)
+    # The language travels with the documents: calibration is per language inside a source.
+    columns = [c for c in ("id", "text", "source", "language") if c in labelled.column_names]
+    heldout = labelled.select(columns).take(trained.heldout.index)
     unseen = pa.concat_tables([heldout, calibration_sample], promote_options="permissive")
     thresholds = calibrate_sources(
         unseen, backbone, trained.heads, rubrics, keep_rates, calibration_config, backbone_config.batch_size

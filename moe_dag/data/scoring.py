@@ -41,12 +41,16 @@ SCORE_COLUMNS = ("probe_score", "judge_score", "heads_version", *(f"judge_{dim}"
 
 
 def decide(
-    probe_N: np.ndarray, judge_N: np.ndarray, thresholds: Thresholds
+    probe_N: np.ndarray,
+    judge_N: np.ndarray,
+    thresholds: Thresholds,
+    languages: list[str | None] | None = None,
 ) -> tuple[list[bool], list[str | None]]:
-    """Keep flags and reasons from the aggregates (judge NaN where the document left at the probe)."""
-    dropped = thresholds.dropped_at_probe(probe_N)
-    judged_keep = ~dropped & (np.nan_to_num(judge_N, nan=-np.inf) >= thresholds.tau_keep)
-    keep = thresholds.kept_at_probe(probe_N) | judged_keep
+    """Keep flags and reasons from the aggregates (judge NaN where the document left at the probe), each
+    document by its language's thresholds where it has its own (`Thresholds.languages`)."""
+    dropped = thresholds.dropped_at_probe(probe_N, languages)
+    judged_keep = ~dropped & thresholds.kept_by_judge(judge_N, languages)
+    keep = thresholds.kept_at_probe(probe_N, languages) | judged_keep
     reason = [PROBE_EXIT if d else None if k else JUDGE_DROP for d, k in zip(dropped, keep, strict=True)]
     return keep.tolist(), reason
 
@@ -63,6 +67,7 @@ def score_documents(
     probe_layer, judge_layer = backbone.config.probe_layer, backbone.config.judge_layer
     heads = heads.eval().to(backbone.device)
     texts = table["text"].to_pylist()
+    languages = _languages(table)
     k = len(rubric.dimensions)
     probe_NK = np.zeros((len(texts), k), dtype=np.float64)
     judge_NK = np.full((len(texts), k), np.nan, dtype=np.float64)
@@ -76,7 +81,11 @@ def score_documents(
         probe_BK = heads.probe(probe_BTD.float(), mask_BT, rubric.name).cpu().double().numpy()
         probe_NK[rows] = probe_BK
         aggregate_B = heads.aggregate(rubric.name, probe_BK)
-        stay_B = ~(thresholds.dropped_at_probe(aggregate_B) | thresholds.kept_at_probe(aggregate_B))
+        languages_B = None if languages is None else [languages[i] for i in rows]
+        stay_B = ~(
+            thresholds.dropped_at_probe(aggregate_B, languages_B)
+            | thresholds.kept_at_probe(aggregate_B, languages_B)
+        )
         if stay_B.any():
             stay = torch.from_numpy(stay_B).to(backbone.device)
             judge_STD = backbone.run_layers(probe_BTD[stay], mask_BT[stay], probe_layer, judge_layer)
@@ -85,7 +94,7 @@ def score_documents(
 
     probe_N = heads.aggregate(rubric.name, probe_NK)
     judge_N = heads.aggregate(rubric.name, judge_NK)
-    keep, reason = decide(probe_N, judge_N, thresholds)
+    keep, reason = decide(probe_N, judge_N, thresholds, languages)
     exited = np.isnan(judge_N)
     version = heads_version(heads, backbone.config)
 
@@ -112,7 +121,8 @@ def split_reusable(
     if previous is None or not previous.num_rows or "heads_version" not in previous.column_names:
         return None, documents
     probe = previous["probe_score"].to_numpy().astype(np.float64)
-    exits = thresholds.dropped_at_probe(probe) | thresholds.kept_at_probe(probe)
+    languages = _languages(previous)
+    exits = thresholds.dropped_at_probe(probe, languages) | thresholds.kept_at_probe(probe, languages)
     current = previous.filter(
         pc.and_(
             pc.equal(previous["heads_version"], version),
@@ -126,7 +136,12 @@ def split_reusable(
     todo = documents.filter(pc.invert(pc.is_in(documents["id"], value_set=reusable["id"].combine_chunks())))
     probe = reusable["probe_score"].to_numpy().astype(np.float64)
     judge = pc.fill_null(reusable["judge_score"], math.nan).to_numpy().astype(np.float64)
-    return with_decisions(reusable, *decide(probe, judge, thresholds)), todo
+    return with_decisions(reusable, *decide(probe, judge, thresholds, _languages(reusable))), todo
+
+
+def _languages(table: pa.Table) -> list[str | None] | None:
+    """The documents' language codes, where language ID ran (per-language thresholds need them)."""
+    return table["language"].to_pylist() if "language" in table.column_names else None
 
 
 def calibrate_sources(
@@ -151,7 +166,9 @@ def calibrate_sources(
         everything = Thresholds(tau_drop=-math.inf, tau_keep=0.0, rubric=rubrics[source])  # no early exit
         scored = score_documents(mine, backbone, heads, everything, batch_size)
         probe, judge = scored["probe_score"].to_numpy(), scored["judge_score"].to_numpy()
-        thresholds[source] = calibrate_source(probe, judge, keep_rate, config, rubrics[source])
+        thresholds[source] = calibrate_source(
+            probe, judge, keep_rate, config, rubrics[source], _languages(mine)
+        )
     return thresholds
 
 

@@ -18,13 +18,23 @@ calibration sample is sized from the configured precision (`calibration_sample_s
 (z = 1.96) and p = 0.7 needs 897 documents. A source smaller than that is calibrated on all of its
 documents: on that source the keep rate is then exact, which `Thresholds.n_calibration` < `n_needed`
 records. There is no pooled calibration across sources: their score distributions differ.
+
+Per language inside a source (`per_language`): heads read some scripts far better than others (a small
+English backbone keeps Latin text and erases Greek, Bengali or Korean: issue 20), so one threshold over a
+multilingual source keeps languages at very different rates. Each language with at least
+`min_documents_per_language` calibration documents gets its own thresholds, calibrated on its documents
+alone, so each keeps about the source's keep rate; the source's thresholds (calibrated on every document)
+decide the rest. With few documents a language's thresholds carry its sampling error (about
+z * sqrt(p (1 - p) / n)), and its early exits need as many clean exits as a source's, so small languages
+run every document to the judge.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from statistics import NormalDist
 
 import numpy as np
@@ -45,6 +55,10 @@ class CalibrationConfig:
     exit_z: float = 1.28
     # Also keep at the probe (tau_pass); false: only drops exit, and every kept document has judge scores.
     keep_exits: bool = True
+    # Thresholds per language inside a source, for languages with at least this many calibration
+    # documents (the rest are decided by the source's); false: one set of thresholds per source.
+    per_language: bool = True
+    min_documents_per_language: int = 5
 
     def __post_init__(self) -> None:
         if not 0.0 < self.keep_rate_tolerance < 0.5:
@@ -53,6 +67,10 @@ class CalibrationConfig:
             raise ValueError(f"max_exit_error must be in [0, 1), got {self.max_exit_error}")
         if self.z <= 0 or self.exit_z < 0:
             raise ValueError(f"z must be > 0 and exit_z >= 0, got {self.z}, {self.exit_z}")
+        if self.min_documents_per_language < 2:
+            raise ValueError(
+                f"min_documents_per_language must be at least 2, got {self.min_documents_per_language}"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,18 +87,43 @@ class Thresholds:
     drop_exit_error: float | None = None
     keep_exit_rate: float = 0.0
     keep_exit_error: float | None = None
+    # Thresholds of the languages calibrated on their own (see the module docstring), by language code;
+    # a document in any other language, or of unknown language, is decided by these.
+    languages: Mapping[str, Thresholds] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # Stored thresholds come back from JSON as plain dicts.
+        own = {k: v if isinstance(v, Thresholds) else Thresholds(**v) for k, v in self.languages.items()}
+        object.__setattr__(self, "languages", own)
 
     @property
     def early_exit_rate(self) -> float:
         return self.drop_exit_rate + self.keep_exit_rate
 
-    def dropped_at_probe(self, probe_N: np.ndarray) -> np.ndarray:
-        return probe_N < self.tau_drop
+    def for_language(self, language: str | None) -> Thresholds:
+        return self.languages.get(language, self) if language is not None else self
 
-    def kept_at_probe(self, probe_N: np.ndarray) -> np.ndarray:
-        if self.tau_pass is None:
-            return np.zeros(probe_N.shape, dtype=bool)
-        return ~self.dropped_at_probe(probe_N) & (probe_N >= self.tau_pass)
+    def dropped_at_probe(
+        self, probe_N: np.ndarray, languages: Sequence[str | None] | None = None
+    ) -> np.ndarray:
+        return probe_N < self._per_document("tau_drop", languages, len(probe_N))
+
+    def kept_at_probe(self, probe_N: np.ndarray, languages: Sequence[str | None] | None = None) -> np.ndarray:
+        tau_pass_N = self._per_document("tau_pass", languages, len(probe_N))
+        return ~self.dropped_at_probe(probe_N, languages) & (probe_N >= tau_pass_N)  # NaN: never
+
+    def kept_by_judge(self, judge_N: np.ndarray, languages: Sequence[str | None] | None = None) -> np.ndarray:
+        """Judge aggregate at or above each document's tau_keep (NaN, no judge score: not kept)."""
+        return np.nan_to_num(judge_N, nan=-np.inf) >= self._per_document("tau_keep", languages, len(judge_N))
+
+    def _per_document(self, name: str, languages: Sequence[str | None] | None, n: int) -> np.ndarray:
+        """Threshold `name` for each of `n` documents, by its language (None in the thresholds: NaN)."""
+        if languages is None or not self.languages:
+            chosen = [self] * n
+        else:
+            chosen = [self.for_language(language) for language in languages]
+        values = [getattr(t, name) for t in chosen]
+        return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
 
 
 def calibration_sample_size(keep_rate: float, config: CalibrationConfig) -> int:
@@ -147,6 +190,7 @@ def calibrate_source(
     keep_rate: float,
     config: CalibrationConfig,
     rubric: str = "general",
+    languages: Sequence[str | None] | None = None,
 ) -> Thresholds:
     """Thresholds for one source from both heads' scores on its calibration documents.
 
@@ -164,7 +208,36 @@ def calibrate_source(
     tau_pass (when `keep_exits`): the same from the top, over the documents tau_drop leaves: it ends the
     largest exit set (every document at or above it) holding at most `max_exit_error` documents the judge
     would have dropped; None when none qualifies.
+
+    `languages` (the documents' language codes, with `config.per_language`): each language with at least
+    `config.min_documents_per_language` documents gets thresholds of its own, calibrated the same way on
+    its documents alone, when the source has more than one language.
     """
+    source = _calibrate(probe_scores, judge_scores, keep_rate, config, rubric)
+    if languages is None or not config.per_language:
+        return source
+    probe, judge = np.asarray(probe_scores, dtype=np.float64), np.asarray(judge_scores, dtype=np.float64)
+    codes = np.array(list(languages), dtype=object)
+    if len(codes) != len(probe):
+        raise ValueError(f"calibrate_source: {len(codes)} languages for {len(probe)} documents")
+    counts = {language: int((codes == language).sum()) for language in set(codes) if language is not None}
+    if len(counts) < 2:
+        return source
+    own = {
+        language: _calibrate(probe[codes == language], judge[codes == language], keep_rate, config, rubric)
+        for language, count in sorted(counts.items())
+        if count >= config.min_documents_per_language
+    }
+    return dataclasses.replace(source, languages=own)
+
+
+def _calibrate(
+    probe_scores: Sequence[float],
+    judge_scores: Sequence[float],
+    keep_rate: float,
+    config: CalibrationConfig,
+    rubric: str,
+) -> Thresholds:
     probe = np.asarray(probe_scores, dtype=np.float64)
     judge = np.asarray(judge_scores, dtype=np.float64)
     if len(probe) != len(judge):
