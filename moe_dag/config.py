@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from moe_dag.assets.bounds import ChecksConfig
+from moe_dag.assets.refresh import RefreshConfig
 from moe_dag.data.dedup import MinHashConfig
 from moe_dag.data.demo_corpus import DemoCorpusConfig
 from moe_dag.data.engine import RayConfig
@@ -150,6 +151,8 @@ class PipelineConfig:
     demo_corpus: DemoCorpusConfig | None = None
     ray: RayConfig = field(default_factory=RayConfig)  # where the data stages run (default: local Ray)
     checks: ChecksConfig = field(default_factory=ChecksConfig)  # the bounds the asset checks hold
+    # When labels, heads and the mixture follow new data (moe_dag/assets/refresh.py).
+    refresh: RefreshConfig = field(default_factory=RefreshConfig)
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)  # neutral and user sets
     mixture_search: MixtureSearchConfig = field(default_factory=MixtureSearchConfig)  # search-mixture
 

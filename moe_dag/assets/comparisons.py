@@ -24,7 +24,7 @@ import dagster as dg
 import pyarrow.parquet as pq
 
 from moe_dag.assets.evaluation import evaluation_set_dirs
-from moe_dag.assets.mixture import TOKENIZER_FILE
+from moe_dag.assets.mixture import REMIX, TOKENIZER_FILE
 from moe_dag.assets.operating import operated
 from moe_dag.assets.plots import curves_png, png_markdown
 from moe_dag.assets.training_runs import (
@@ -64,7 +64,7 @@ GAIN_COLUMNS = {
     group_name="comparisons",
     kinds={"numpy"},
     deps=["raw_documents", "dedup_clusters", "tokenizer", "tokenized_mixture", "neutral_documents"],
-    metadata=operated(1, "mixture"),
+    metadata=operated(1, "mixture", refresh=REMIX),
 )
 def unfiltered_mixture(pipeline: PipelineResource) -> dg.MaterializeResult:
     """Every ingested document (no filters, dedup or quality heads) packed like the curated mixture, to
@@ -104,7 +104,14 @@ def unfiltered_mixture(pipeline: PipelineResource) -> dg.MaterializeResult:
     kinds={"pytorch"},
     deps=["unfiltered_mixture", "proxy_eval", "evaluation_sets"],
     pool="gpu",
-    metadata=operated(2, "training", "evaluation"),
+    metadata=operated(
+        2,
+        "training",
+        "evaluation",
+        "checks.loss_window_fraction",
+        "checks.min_loss_drop_fraction",
+        "checks.max_expert_load_over_mean",
+    ),
 )
 def curation_gain(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
     """The proxy trained on the unfiltered mixture for the same steps, against the curated proxy on the
@@ -122,7 +129,14 @@ def curation_gain(context: dg.AssetExecutionContext, pipeline: PipelineResource)
     kinds={"pytorch"},
     deps=["tokenized_mixture", "proxy_eval", "evaluation_sets"],
     pool="gpu",
-    metadata=operated(2, "training", "evaluation"),
+    metadata=operated(
+        2,
+        "training",
+        "evaluation",
+        "checks.loss_window_fraction",
+        "checks.min_loss_drop_fraction",
+        "checks.max_expert_load_over_mean",
+    ),
 )
 def moe_gain(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
     """A dense model with the proxy's active parameters, trained like it on the curated mixture, against

@@ -19,6 +19,7 @@ from tokenizers import Tokenizer
 from moe_dag.assets.bounds import share_error_violations, untrained_sources
 from moe_dag.assets.operating import operated
 from moe_dag.assets.plots import bars_png, png_markdown
+from moe_dag.assets.refresh import Refresh
 from moe_dag.assets.reporting import problems_result
 from moe_dag.data.engine import StageSpec, upstream_inputs
 from moe_dag.data.engine.stages import TokenizeWork
@@ -34,6 +35,8 @@ TOKENIZER_FILE = "tokenizer.json"
 TOKENS_STAGE = "tokenized_mixture/shards"
 HELDOUT_STAGE = "tokenized_mixture/heldout"
 WEIGHTED_SOURCES_TRAINED = "weighted_sources_trained"
+# The mixture follows new scored documents when some source's kept documents moved past a share.
+REMIX = Refresh(population="scored_documents", threshold="refresh.remix_after_change")
 
 
 @dg.asset(
@@ -41,7 +44,7 @@ WEIGHTED_SOURCES_TRAINED = "weighted_sources_trained"
     kinds={"huggingface"},
     deps=["scored_documents", "neutral_documents"],
     # the held-out cut comes from the mixture config
-    metadata=operated(1, "tokenizer", "mixture"),
+    metadata=operated(1, "tokenizer", "mixture", refresh=REMIX),
 )
 def tokenizer(pipeline: PipelineResource) -> dg.MaterializeResult:
     """A byte-level BPE tokenizer trained on the kept documents of training, streamed from the lake: the
@@ -128,7 +131,7 @@ def _heldout_cuts(pipeline: PipelineResource) -> dict[str, int | None]:
     group_name="training",
     kinds={"numpy", "ray"},
     deps=["tokenizer", "scored_documents", "neutral_documents"],
-    metadata=operated(1, "mixture"),
+    metadata=operated(1, "mixture", "checks.max_share_error", refresh=REMIX),
     check_specs=[
         dg.AssetCheckSpec(
             "target_shares_met",

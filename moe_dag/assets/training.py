@@ -39,7 +39,13 @@ EVAL_COLUMNS = {
     group_name="training",
     kinds={"pytorch"},
     deps=["tokenized_mixture"],
-    metadata=operated(1, "training"),
+    metadata=operated(
+        1,
+        "training",
+        "checks.loss_window_fraction",
+        "checks.min_loss_drop_fraction",
+        "checks.max_expert_load_over_mean",
+    ),
     pool="gpu",
     check_specs=training_check_specs("moe_proxy"),
 )
@@ -84,12 +90,6 @@ def proxy_eval(pipeline: PipelineResource) -> dg.MaterializeResult:
     overall = report["overall"]
     return dg.MaterializeResult(
         metadata={
-            "bits_per_byte": overall["bits_per_byte"],
-            "bits_per_byte_ci95": dg.MetadataValue.json(overall["bits_per_byte_ci"]),
-            "loss": overall["loss"],
-            "documents": overall["documents"],
-            "step": report["step"],
-            "checkpoint": dg.MetadataValue.path(report["checkpoint"]),
             "evaluation_sets": dg.MetadataValue.json(
                 {
                     name: {
@@ -101,6 +101,12 @@ def proxy_eval(pipeline: PipelineResource) -> dg.MaterializeResult:
                 }
             ),
             "per_set": dg.MetadataValue.md(markdown_table(set_rows, {"eval_set": "set", **EVAL_COLUMNS})),
+            "bits_per_byte": overall["bits_per_byte"],
+            "bits_per_byte_ci95": dg.MetadataValue.json(overall["bits_per_byte_ci"]),
+            "loss": overall["loss"],
+            "documents": overall["documents"],
+            "step": report["step"],
+            "checkpoint": dg.MetadataValue.path(report["checkpoint"]),
             "per_source": dg.MetadataValue.md(markdown_table(evaluation_rows(report, True), EVAL_COLUMNS)),
             "plot": bits_per_byte_plot({"proxy": evaluation_rows(report)}, "held-out bits per byte"),
         }
