@@ -29,7 +29,7 @@ from moe_dag.training.config import Config, apply_overrides, override_settings, 
 from moe_dag.training.lifeline import die_with_launcher, launcher_env
 from moe_dag.training.reporting import OpenReporter, Reporter, no_reporter
 from moe_dag.training.run_lock import RunFolderInUse
-from moe_dag.training.strict_config import ConfigError
+from moe_dag.training.strict_config import ConfigError, read_yaml
 
 log = logging.getLogger("moe_dag.training")
 NPROC_OPTION = "--nproc-per-node"
@@ -84,7 +84,7 @@ def main(
     args = parse_args(argv)
     try:
         config = resolve_config(args)
-    except ConfigError as error:
+    except (ConfigError, OSError) as error:
         raise SystemExit(f"python -m moe_dag.training: {error}") from None
     # Idle OpenMP threads sleep instead of spinning. On a CPU shared with other processes, spinning
     # threads wait on descheduled peers at every op: 2 threads ran the tiny MoE 20x slower than 1
@@ -139,7 +139,7 @@ def resolve_config(args: argparse.Namespace) -> Config:
     """The config the command line asks for: the resolved config file or the preset, then --steps,
     --seed and each --set."""
     if args.config is not None:
-        config = Config.from_dict(json.loads(args.config.read_text()), origin=str(args.config))
+        config = Config.from_dict(read_yaml(args.config), origin=str(args.config))  # JSON is YAML
     else:
         config = preset(args.preset)
     chosen = {
