@@ -260,3 +260,15 @@ def test_czech_punctuation_share_is_judged_by_its_group_settings():
     assert out["reason"][0].as_py() is None
     english_cuts = build_prefilters(CONFIG.with_changes({"by_language": {}}), "web", [])[:-1]
     assert reason(english_cuts, CZECH_MESSAGES) == "gopher_too_few_alphabetic_words"
+
+
+def test_a_source_setting_holds_for_every_language():
+    """A source's (or a kind's) explicit setting is not replaced by a language default for the same
+    setting: the source asked for 0.77, so the Czech group's 0.75 does not apply."""
+    strict = CONFIG.with_changes({"gopher_quality": {"min_alphabetic_word_fraction": 0.77}})
+    assert (
+        reason(build_prefilters(strict, "web", [])[:-1], CZECH_MESSAGES) == "gopher_too_few_alphabetic_words"
+    )
+    social = CONFIG.for_kind("social")
+    assert social.for_language("ko").gopher_quality.min_words == 3  # the kind's, not Korean's 35
+    assert social.for_language("ko").gopher_quality.min_mean_word_length == 1.5  # Korean's, untouched

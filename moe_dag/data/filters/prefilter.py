@@ -139,8 +139,25 @@ class PrefilterConfig:
             self._check_changes(changes, f"prefilter.by_language[{language}]", allowed=FAMILIES)
 
     def with_changes(self, changes: dict[str, Any]) -> PrefilterConfig:
-        """A copy with `changes` (a mapping as in the YAML, nested per family) applied over this config."""
-        return _replace(self, changes, "prefilter")
+        """A copy with `changes` (a mapping as in the YAML, nested per family) applied over this config.
+
+        A family setting changed here holds for every language: `by_language` entries for the same
+        setting are dropped (unless `changes` sets `by_language` itself), so a source's or a kind's
+        explicit `min_words: 3` is not raised back to a language's default of 35.
+        """
+        changed = _replace(self, changes, "prefilter")
+        if "by_language" in changes:
+            return changed
+        by_language = {
+            key: kept
+            for key, entry in changed.by_language.items()
+            if (kept := _without_settings(entry, changes))
+        }
+        return (
+            changed
+            if by_language == changed.by_language
+            else dataclasses.replace(changed, by_language=by_language)
+        )
 
     def for_kind(self, kind: str) -> PrefilterConfig:
         """The settings for a source of this kind: `kinds[kind]` applied (nothing for an unlisted kind)."""
@@ -184,6 +201,17 @@ class PrefilterConfig:
 
 # What a kind may change: everything but the per-kind and per-language tables themselves.
 _CHANGEABLE = ("families", "size", "script", "language", *FAMILIES, "code", "perplexity")
+
+
+def _without_settings(entry: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """A `by_language` entry without the family settings `changes` sets."""
+    kept = {}
+    for family, settings in entry.items():
+        overridden = changes.get(family)
+        rest = {k: v for k, v in settings.items() if not isinstance(overridden, dict) or k not in overridden}
+        if rest:
+            kept[family] = rest
+    return kept
 
 
 def _replace(config: Any, changes: dict[str, Any], where: str) -> Any:
