@@ -109,7 +109,7 @@ def print_query(config_path: str, sql: str, limit: int | None = None, output: st
 def free_stuck_runs() -> int:
     import dagster as dg
 
-    from moe_dag.orchestration.instance_health import free_dead_runs
+    from moe_dag.orchestration.instance_health import free_dead_runs, runs_seen_elsewhere
 
     if not os.environ.get("DAGSTER_HOME"):
         print(
@@ -139,8 +139,11 @@ def _default_home(config_path: str) -> Path:
             file=sys.stderr,
         )
         return 2
-    freed = free_dead_runs(dg.DagsterInstance.get())
-    print("\n".join(freed) if freed else "no stuck run: every active run's process is alive")
+    instance = dg.DagsterInstance.get()
+    freed = free_dead_runs(instance)
+    print("\n".join(freed) if freed else "no stuck run: every active run started here has a live process")
+    for line in runs_seen_elsewhere(instance):
+        print(line)
     return 0
 
 

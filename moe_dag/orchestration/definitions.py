@@ -4,6 +4,8 @@ Built from one read of the pipeline config (path from `MOE_DAG_CONFIG`, default 
 when Dagster loads the code location, not when this module is imported.
 """
 
+import os
+import sys
 from pathlib import Path
 
 import dagster as dg
@@ -26,7 +28,7 @@ from moe_dag.assets import (
 from moe_dag.assets.partitions import bind_source_partitions
 from moe_dag.config import PipelineConfig, config_path_from_env, load_config
 from moe_dag.orchestration.automation import automation_sensor, run_tags, with_operating_attributes
-from moe_dag.orchestration.instance_health import free_dead_runs
+from moe_dag.orchestration.instance_health import free_dead_runs, unstick_daemonless_command
 from moe_dag.orchestration.new_shards import new_shards_sensor
 from moe_dag.orchestration.resources import PipelineResource, RayResource
 
@@ -109,4 +111,8 @@ def build_definitions(config_path: str | Path | None = None) -> dg.Definitions:
 
 @dg.definitions
 def defs() -> dg.Definitions:
+    if os.environ.get("DAGSTER_HOME"):
+        unstick_daemonless_command(
+            dg.DagsterInstance.get(), sys.argv, lambda line: print(line, file=sys.stderr)
+        )
     return build_definitions()

@@ -4,8 +4,13 @@ A run killed with SIGKILL never records its end: it stays STARTED, and the pool 
 (`gpu`, `duckdb_catalog`, both limited to 1) stays claimed, so every later run waits at its first pooled
 asset for ever. Dagster's run monitoring frees slots of runs that have *ended*
 (`free_slots_after_run_end_seconds` in dagster.yaml) but cannot tell that a local run worker died. Every
-run records the pids of the processes that execute its steps (engine events); a run whose every recorded
-process is gone is dead: it is marked failed and its slots are freed.
+run records the pids of the processes that execute its steps (engine events, each with its time), and
+the pipeline resource tags the run with the host and PID namespace those pids belong to
+(`RUN_HOST_TAG`). A run is judged only from that same host and namespace, never by a bare pid: a
+recorded process counts as alive when a process with its pid exists here and started before the event
+that named it (a pid reused since the kill belongs to a younger process). A run whose every recorded
+process is gone is dead: it is marked failed and its slots are freed. A run tagged with another host or
+namespace, or with none, is left for whoever can see its processes.
 
 This applies to instances that launch runs as local processes (the default launcher, and
 `dagster.materialize` in process). A Kubernetes deployment relies on its run launcher's health checks.
@@ -14,11 +19,19 @@ This applies to instances that launch runs as local processes (the default launc
 from __future__ import annotations
 
 import os
+import socket
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import dagster as dg
 
 from moe_dag.orchestration.dagster_internals import launches_local_processes
+
+RUN_HOST_TAG = "moe_dag/pid_namespace"
+SEVERAL_HOSTS = "several"
+# /proc gives a process's start to the clock tick and the boot time to the second.
+START_SLACK_S = 2.0
 
 ACTIVE_STATUSES = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
 
@@ -37,16 +50,22 @@ class PoolHolder:
 def free_dead_runs(instance: dg.DagsterInstance) -> list[str]:
     """Mark runs whose processes are gone as failed and free every slot held by a run that has ended.
 
-    Returns one line per run freed. Safe to call at any time: live runs are left alone.
+    Returns one line per run freed. Safe to call at any time, from anywhere: live runs are left alone,
+    and so are runs this process cannot see (another host or PID namespace).
     """
     if not launches_local_processes(instance):
         return []
     freed = []
     storage = instance.event_log_storage
+    here = pid_namespace()
     for run in instance.get_runs(dg.RunsFilter(statuses=ACTIVE_STATUSES)):
-        pids = worker_pids(instance, run.run_id)
-        if pids and not any(process_alive(pid) for pid in pids):
-            message = f"run worker process(es) {sorted(pids)} are gone (killed?): marked failed by moe-dag"
+        if run.tags.get(RUN_HOST_TAG) != here:
+            continue
+        processes = worker_processes(instance, run.run_id)
+        if processes and not any(alive_since(pid, named_at) for pid, named_at in processes.items()):
+            message = (
+                f"run worker process(es) {sorted(processes)} are gone (killed?): marked failed by moe-dag"
+            )
             instance.report_run_failed(run, message)
             storage.free_concurrency_slots_for_run(run.run_id)
             freed.append(f"run {run.run_id} ({run.job_name}): {message}; its pool slots are free")
@@ -57,6 +76,62 @@ def free_dead_runs(instance: dg.DagsterInstance) -> list[str]:
                 storage.free_concurrency_slots_for_run(run_id)
                 freed.append(f"pool {pool!r}: freed the slot of run {run_id}, which has ended")
     return freed
+
+
+# Dagster commands that execute steps in their own process, with no daemon to run the reaper sensor.
+DAEMONLESS_COMMANDS = (("asset", "materialize"), ("job", "execute"))
+
+
+def unstick_daemonless_command(
+    instance: dg.DagsterInstance, argv: Sequence[str], log: Callable[[str], None]
+) -> None:
+    """Before `dagster asset materialize` runs (no daemon, so no reaper sensor): free what dead runs
+    hold, and say who holds each full pool and how to free it, since Dagster itself only logs
+    "Step still blocked by limit for pool" at DEBUG and waits for ever."""
+    if Path(argv[0]).name != "dagster" or tuple(argv[1:3]) not in DAEMONLESS_COMMANDS:
+        return
+    for line in free_dead_runs(instance):
+        log(f"moe-dag freed: {line}")
+    pools = set(instance.event_log_storage.get_concurrency_keys())
+    for holder in pool_holders(instance, pools):
+        log(
+            f"moe-dag: {holder.describe()}; a step of this materialisation that needs pool "
+            f"{holder.pool!r} waits until that run ends. If it is dead, `moe-dag free-stuck-runs` (run "
+            f"where it runs) frees the pool; else wait, or end it: dagster run delete {holder.run_id}"
+        )
+    for line in runs_seen_elsewhere(instance):
+        log(f"moe-dag: {line}")
+
+
+def runs_seen_elsewhere(instance: dg.DagsterInstance) -> list[str]:
+    """One line per active run this process cannot judge: started on another host or PID namespace."""
+    here = pid_namespace()
+    return [
+        f"run {run.run_id} ({run.job_name}) runs in {run.tags.get(RUN_HOST_TAG, 'an unrecorded place')}, "
+        f"not here ({here}): judge it where it runs"
+        for run in instance.get_runs(dg.RunsFilter(statuses=ACTIVE_STATUSES))
+        if run.tags.get(RUN_HOST_TAG) != here
+    ]
+
+
+def record_run_host(instance: dg.DagsterInstance, run_id: str) -> None:
+    """Tag the run with this process's host and PID namespace, where its pids mean something."""
+    run = instance.get_run_by_id(run_id)
+    if run is None:
+        return
+    here, recorded = pid_namespace(), run.tags.get(RUN_HOST_TAG)
+    if recorded != here:
+        instance.add_run_tags(run_id, {RUN_HOST_TAG: here if recorded is None else SEVERAL_HOSTS})
+
+
+def pid_namespace() -> str:
+    """This host, its boot and this process's PID namespace: a pid names the same process only within."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:  # no /proc (not Linux): the host name is all there is
+        return socket.gethostname()
+    return f"{socket.gethostname()} boot {boot} {namespace}"
 
 
 def pool_holders(instance: dg.DagsterInstance, pools: set[str]) -> list[PoolHolder]:
@@ -74,27 +149,53 @@ def pool_holders(instance: dg.DagsterInstance, pools: set[str]) -> list[PoolHold
     return holders
 
 
-def worker_pids(instance: dg.DagsterInstance, run_id: str) -> set[int]:
-    """Pids of the processes that executed the run's steps, from its engine events."""
+def worker_processes(instance: dg.DagsterInstance, run_id: str) -> dict[int, float]:
+    """Pid -> when it was first named, for the processes that executed the run's steps (engine events)."""
     records = instance.get_records_for_run(run_id, of_type=dg.DagsterEventType.ENGINE_EVENT).records
-    pids = set()
+    processes: dict[int, float] = {}
     for record in records:
-        event = record.event_log_entry.dagster_event
-        metadata = getattr(event.event_specific_data, "metadata", None) or {}
+        entry = record.event_log_entry
+        metadata = getattr(entry.dagster_event.event_specific_data, "metadata", None) or {}
         if "pid" in metadata:
-            pids.add(int(metadata["pid"].value))
-    return pids
+            pid = int(metadata["pid"].value)
+            processes[pid] = min(processes.get(pid, entry.timestamp), entry.timestamp)
+    return processes
 
 
-def process_alive(pid: int) -> bool:
+def alive_since(pid: int, named_at: float) -> bool:
+    """Whether the process that had `pid` at time `named_at` still runs (not a later one given its pid)."""
+    started = process_start_time(pid)
+    return started is not None and started <= named_at + START_SLACK_S
+
+
+def process_start_time(pid: int) -> float | None:
+    """When process `pid` started (seconds since the epoch); None when none runs (or only its zombie)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return None
+    except OSError:  # no /proc: whether the pid exists is all that can be told
+        return _started_if_it_exists(pid)
+    fields = stat.rsplit(")", 1)[1].split()  # the name in parentheses may hold spaces
+    if fields[0] == "Z":  # a zombie has exited
+        return None
+    ticks_after_boot = int(fields[19])  # field 22 of proc(5), the first after the name being field 3
+    return _boot_time() + ticks_after_boot / os.sysconf("SC_CLK_TCK")
+
+
+def _boot_time() -> float:
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith("btime "):
+            return float(line.split()[1])
+    raise OSError("/proc/stat has no btime line")
+
+
+def _started_if_it_exists(pid: int) -> float | None:
+    """Without /proc: 0.0 (started at an unknown time, so never taken for a reused pid) if `pid` exists."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        return False
+        return None
     except PermissionError:
-        return True  # someone else's process: alive
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
-    except OSError:
-        return True
+        return 0.0  # someone else's process: alive
+    return 0.0

@@ -12,12 +12,18 @@ from moe_dag.data.catalog import Catalog
 from moe_dag.data.engine import RayConfig, ShardInput, StageRun, StageSpec, connect, run_stage
 from moe_dag.data.lake import Lake
 from moe_dag.data.oracle import OpenAICompatibleOracle, Oracle, RuleBasedOracle, VLLMEngineOracle
+from moe_dag.orchestration.instance_health import record_run_host
 
 
 class PipelineResource(dg.ConfigurableResource):
     """Everything a stage needs to find its inputs and parameters, from one YAML file."""
 
     config_path: str
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        # Where this run's processes live, so the stuck-run reaper judges it only from there.
+        if context.instance is not None and context.run_id is not None:
+            record_run_host(context.instance, context.run_id)
 
     @cached_property
     def config(self) -> PipelineConfig:

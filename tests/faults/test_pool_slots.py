@@ -26,20 +26,26 @@ concurrency:
   pools: {granularity: op, default_limit: 1}
 """
 
-# A pooled asset that announces it holds the slot, then works for `seconds`.
+# A pooled asset that announces it holds the slot, then works for `seconds`. Like every stage it takes
+# the pipeline resource, which records where the run's processes live.
 RUN_SCRIPT = textwrap.dedent(
     """
     import sys, time
     import dagster as dg
+    from moe_dag.orchestration.resources import PipelineResource
 
     marker, seconds = sys.argv[1], float(sys.argv[2])
 
     @dg.asset(pool="gpu")
-    def pooled():
+    def pooled(pipeline: PipelineResource):
         open(marker, "w").close()
         time.sleep(seconds)
 
-    dg.materialize([pooled], instance=dg.DagsterInstance.get())
+    dg.materialize(
+        [pooled],
+        instance=dg.DagsterInstance.get(),
+        resources={"pipeline": PipelineResource(config_path="unread.yaml")},
+    )
     """
 )
 
