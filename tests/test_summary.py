@@ -1,6 +1,7 @@
 """`moe-dag summary` after partial runs: what exists is reported, what does not is named, no traceback."""
 
 import duckdb
+import pyarrow as pa
 import yaml
 
 from moe_dag.cli import main as cli
@@ -49,3 +50,28 @@ def test_summary_reports_a_source_that_lost_every_document(tmp_path):
     assert "source 'social' lost every document at prefiltered" in summary
     assert "source 'web' lost" not in summary
     assert "mixture: not materialised yet (needs tokenized_mixture)" in summary
+
+
+def test_catalog_and_summary_report_the_kept_share_of_each_language(tmp_path):
+    """Issue 20: a source could keep 69% while whole languages of it vanished, and nothing showed it."""
+    from moe_dag.data.catalog import Catalog
+    from moe_dag.data.lake import Lake
+
+    path = write_config(tmp_path)
+    lake = Lake(tmp_path / "lake")
+    languages = ["en"] * 10 + ["el"] * 10 + [None] * 2
+    ids = [f"d{i}" for i in range(len(languages))]
+    prefiltered = pa.table({"id": ids, "source": ["web"] * 22, "language": languages, "keep": [True] * 22})
+    kept = [i < 7 for i in range(10)] + [False] * 10 + [True] * 2
+    scored = pa.table({"id": ids, "source": ["web"] * 22, "keep": kept})
+    lake.write_table(prefiltered, "prefiltered", "web")
+    lake.write_table(scored, "scored_documents", "web")
+    catalog = Catalog(tmp_path / "catalog.duckdb", lake)
+    catalog.refresh({"prefiltered": True, "scored_documents": True})
+    rows = catalog.write_language_funnel()
+    assert rows == [("web", "el", 10, 0, 0.0), ("web", "en", 10, 7, 0.7), ("web", "und", 2, 2, 1.0)]
+
+    summary = format_summary(load_config(path))
+    assert "kept share per language in 'web': 0.35 over 2 languages" in summary
+    assert "el 0.00* (0/10)  en 0.70* (7/10)" in summary
+    assert "lost every document: el" in summary

@@ -16,16 +16,21 @@ from moe_dag.orchestration.resources import PipelineResource
     check_specs=[dg.AssetCheckSpec("stages_chain", asset="document_catalog", blocking=True)],
 )
 def document_catalog(pipeline: PipelineResource) -> dg.MaterializeResult:
-    """Views over the lake plus `stage_funnel`: per source, rows in, kept and dropped at each stage."""
+    """Views over the lake plus `stage_funnel` (per source, rows in, kept and dropped at each stage) and
+    `language_funnel` (per source and language, documents in and kept at the end)."""
     catalog: Catalog = pipeline.catalog
     views = catalog.refresh(LAKE_STAGES)
     funnel = catalog.write_stage_funnel()
+    languages = catalog.write_language_funnel()
     broken = chain_breaks(funnel)
     table = "\n".join(f"| {s} | {src} | {i} | {k} | {d} |" for s, src, i, k, d in funnel)
     return dg.MaterializeResult(
         metadata={
             "catalog": dg.MetadataValue.path(str(catalog.path)),
             "views": dg.MetadataValue.json(views),
+            "kept_share_by_language": dg.MetadataValue.json(
+                {f"{source}/{language}": share for source, language, _, _, share in languages}
+            ),
             "funnel": dg.MetadataValue.md(
                 "| stage | source | in | kept | dropped |\n| --- | --- | --- | --- | --- |\n" + table
             ),

@@ -21,6 +21,7 @@ def format_summary(config: PipelineConfig) -> str:
     lines += _section(
         "documents per stage", "document_catalog", lambda: _funnel(catalog, config.source_names)
     )
+    lines += _section("kept share per language", "document_catalog", lambda: _languages(catalog))
     lines += _section("duplicates", "deduplicated, document_catalog", lambda: _dedup(catalog))
     lines += _section(
         "injected noise", "toxicity_filtered, document_catalog", lambda: _injected_noise(catalog)
@@ -71,6 +72,38 @@ def _funnel(catalog: Catalog, sources: list[str]) -> list[str]:
                 f"source {source!r} lost every document at {reached[-1]}: "
                 f'moe-dag query "SELECT reason, count(*) FROM {reached[-1]} '
                 f"WHERE source = '{source}' GROUP BY ALL\""
+            )
+    return lines
+
+
+LANGUAGE_GAP = 0.15  # a language kept this much above or below its source's share is marked
+
+
+def _languages(catalog: Catalog) -> list[str]:
+    """Per source with more than one language: its kept share, then each language's, lowest first; a
+    language far from its source's share is marked, one that kept nothing is named."""
+    rows = catalog.query("SELECT source, language, documents, kept FROM language_funnel ORDER BY ALL")
+    lines = []
+    for source in sorted({row[0] for row in rows}):
+        mine = [(language, n, k) for src, language, n, k in rows if src == source and language != "und"]
+        if len(mine) < 2:
+            continue
+        documents, kept = sum(n for _, n, _ in mine), sum(k for _, _, k in mine)
+        share = kept / documents
+        lines.append(
+            f"kept share per language in {source!r}: {share:.2f} over {len(mine)} languages "
+            f"(* more than {LANGUAGE_GAP} away)"
+        )
+        ranked = sorted(mine, key=lambda row: (row[2] / row[1], row[0]))
+        cells = [
+            f"{language} {k / n:.2f}{'*' if abs(k / n - share) > LANGUAGE_GAP else ''} ({k}/{n})"
+            for language, n, k in ranked
+        ]
+        lines += ["  " + "  ".join(cells[i : i + 6]) for i in range(0, len(cells), 6)]
+        lost = [language for language, n, k in ranked if k == 0]
+        if lost:
+            lines.append(
+                f"  lost every document: {', '.join(lost)} (* = more than {LANGUAGE_GAP} from {share:.2f})"
             )
     return lines
 

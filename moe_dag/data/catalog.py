@@ -51,6 +51,17 @@ ORDER BY source, stage
 """
 
 
+# Per source and language (as language ID placed it at the prefilter; 'und' where it did not run or could
+# not place the text): documents that came in, and documents kept at the end of curation.
+LANGUAGE_FUNNEL_SQL = """
+CREATE OR REPLACE TABLE language_funnel AS
+SELECT p.source, coalesce(p.language, 'und') AS language, count(*) AS documents,
+       count(s.id) FILTER (WHERE s.keep) AS kept, round(kept / documents, 4) AS kept_share
+FROM prefiltered p LEFT JOIN scored_documents s ON s.source = p.source AND s.id = p.id
+GROUP BY ALL ORDER BY p.source, language
+"""
+
+
 def funnel_sql() -> str:
     unions = "\n".join(
         f"UNION ALL SELECT '{stage}', source, count(*), count(*) FILTER (WHERE keep), "
@@ -86,6 +97,23 @@ class Catalog:
         with self.connect() as con:
             con.execute(funnel_sql())
             return con.execute("SELECT stage, source, rows_in, kept, dropped FROM stage_funnel").fetchall()
+
+    def write_language_funnel(self) -> list[tuple]:
+        """(Re)build `language_funnel` (see LANGUAGE_FUNNEL_SQL); returns its rows. Empty until language ID
+        and scoring have run (a lake of code sources has no `language` column)."""
+        with self.connect() as con:
+            views = {row[0] for row in con.execute("SELECT view_name FROM duckdb_views()").fetchall()}
+            columns = set()
+            if "prefiltered" in views:
+                columns = {row[0] for row in con.execute("DESCRIBE prefiltered").fetchall()}
+            if "scored_documents" not in views or "language" not in columns:
+                con.execute(
+                    "CREATE OR REPLACE TABLE language_funnel (source VARCHAR, language VARCHAR, "
+                    "documents BIGINT, kept BIGINT, kept_share DOUBLE)"
+                )
+            else:
+                con.execute(LANGUAGE_FUNNEL_SQL)
+            return con.execute("SELECT * FROM language_funnel").fetchall()
 
     def query(self, sql: str) -> list[tuple]:
         """Rows of a read-only query (see `reader`)."""
