@@ -111,9 +111,7 @@ class LanguageFilter(DocumentFilter):
             not self.languages or other in self.languages or label not in self.languages
         ):
             return other, other_score, "py3langid"
-        if other == label:
-            return label, max(score, other_score), "lid.176"
-        if not self.languages and score < self.config.unknown_below:
+        if not self.languages and score < self.config.unknown_below and other != label:
             return UNIDENTIFIED, score, "lid.176"
         return label, score, "lid.176"
 
