@@ -171,3 +171,13 @@ def test_the_training_config_is_resolved_once_at_load(tmp_path):
     resolved = config.training.resolved
     assert (resolved.train.steps, resolved.train.seed, resolved.optim.lr) == (7, 3, 1e-4)
     assert resolved.model == preset("tiny").model
+
+
+def test_the_command_line_says_a_config_error_in_one_line(tmp_path, capsys):
+    from moe_dag.cli import main as cli
+
+    path = tmp_path / "pipeline.yaml"
+    path.write_text("lake_root: lake\nsources: []\nlake_rot: typo\n")
+    assert cli.main(["--config", str(path), "summary"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("moe-dag: ") and "lake_rot" in error and "Traceback" not in error

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from moe_dag.config import CONFIG_ENV_VAR, DEFAULT_CONFIG, load_config
+from moe_dag.training.strict_config import ConfigError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,6 +32,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="also train the baselines of curation_gain and moe_gain, whatever the config's `comparisons`",
     )
+    run.add_argument(
+        "--refresh",
+        action="store_true",
+        help="relabel, retrain the heads and rebuild the mixture on any new data, not only past the "
+        "config's refresh shares",
+    )
     commands.add_parser("summary", help="print documents kept per stage, dedup, heads, mixture and loss")
     commands.add_parser("demo", help="demo-corpus, then run, then summary")
     query = commands.add_parser("query", help="run one SQL query on the DuckDB catalog, read-only")
@@ -43,15 +50,22 @@ def main(argv: list[str] | None = None) -> int:
         help="table for people, csv or json for scripts",
     )
     commands.add_parser(
-        "free-stuck-runs", help="mark runs whose process is gone as failed and free the pool slots they hold"
-    )
-    args = parser.parse_args(argv)
-
-    if args.command in ("demo-corpus", "demo"):
-    commands.add_parser(
         "search-mixture",
         help="search the mixture weights with a swarm of small proxies, after `run` (docs/mixture_search.md)",
     )
+    commands.add_parser(
+        "free-stuck-runs", help="mark runs whose process is gone as failed and free the pool slots they hold"
+    )
+    args = parser.parse_args(argv)
+    try:
+        return run_command(args)
+    except ConfigError as error:  # the file, the key and what is wrong: no traceback needed
+        print(f"moe-dag: {error}", file=sys.stderr)
+        return 2
+
+
+def run_command(args: argparse.Namespace) -> int:
+    if args.command in ("demo-corpus", "demo"):
         write_demo_corpus(args.config)
     if args.command in ("run", "demo"):
         run_all(
@@ -59,7 +73,10 @@ def main(argv: list[str] | None = None) -> int:
             force=getattr(args, "force", False),
             sources=getattr(args, "source", None),
             comparisons=getattr(args, "comparisons", None),
+            refresh=getattr(args, "refresh", False),
         )
+    if args.command == "search-mixture":
+        return search_mixture(args.config)
     if args.command == "free-stuck-runs":
         return free_stuck_runs()
     if args.command == "query":
@@ -67,8 +84,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("summary", "demo"):
         from moe_dag.cli.summary import format_summary
 
-    if args.command == "search-mixture":
-        return search_mixture(args.config)
         print(format_summary(load_config(args.config)))
     return 0
 
@@ -106,13 +121,6 @@ def print_query(config_path: str, sql: str, limit: int | None = None, output: st
     return 0
 
 
-def free_stuck_runs() -> int:
-    import dagster as dg
-
-    from moe_dag.orchestration.instance_health import free_dead_runs, runs_seen_elsewhere
-
-    if not os.environ.get("DAGSTER_HOME"):
-        print(
 def search_mixture(config_path: str) -> int:
     """The mixture search job; prints the proposal's snippet and how it validated."""
     from moe_dag.orchestration.mixture_search import search_mixture as run_search
@@ -135,6 +143,13 @@ def _default_home(config_path: str) -> Path:
     return home
 
 
+def free_stuck_runs() -> int:
+    import dagster as dg
+
+    from moe_dag.orchestration.instance_health import free_dead_runs, runs_seen_elsewhere
+
+    if not os.environ.get("DAGSTER_HOME"):
+        print(
             "moe-dag free-stuck-runs: set DAGSTER_HOME to the instance's folder (make sets it)",
             file=sys.stderr,
         )
@@ -152,6 +167,7 @@ def run_all(
     force: bool = False,
     sources: list[str] | None = None,
     comparisons: bool | None = None,
+    refresh: bool = False,
 ) -> None:
     """Materialise what is missing or stale. Runs are recorded in the instance at $DAGSTER_HOME, or
     else in `dagster/` beside the catalog, so that the next run knows what is up to date."""
@@ -170,7 +186,12 @@ def run_all(
     with instance:
         try:
             run = materialize_all(
-                config_path, instance=instance, force=force, sources=sources, comparisons=comparisons
+                config_path,
+                instance=instance,
+                force=force,
+                sources=sources,
+                comparisons=comparisons,
+                refresh=refresh,
             )
         except UnknownSourceError as error:
             raise SystemExit(f"moe-dag run: {error}") from error
