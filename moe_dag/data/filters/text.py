@@ -34,8 +34,11 @@ class ScriptRules:
 
     `per_script` (reference off): letters of scripts written without spaces (Chinese, Japanese, Thai,
     Lao, Khmer, Myanmar, Tibetan) count as words; sentences end at every script's terminator (。！？।۔։
-    ...), not only at spaCy's English ones; and a script with no terminator (Thai, Lao) ends a sentence
-    at a space, as its writers do. English text is split exactly as datatrove splits it either way.
+    ...), not only at spaCy's English ones, and at a full stop spaCy leaves attached (after a Malayalam
+    sign, a Georgian letter); a space between two letters of an unspaced script ends a sentence (Thai
+    and Lao have no terminator; Chinese and Japanese put no space inside one). English text is split
+    exactly as datatrove splits it either way (on the 1,127 installed English documents every family
+    decides the same with and without it).
     `line_rules_min_lines` (reference 1): rules that take a fraction of lines (bullets, ellipses,
     punctuated and short lines) need this many lines; a one-line text scores only 0 or 1 on them.
     """
