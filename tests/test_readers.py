@@ -97,9 +97,8 @@ def test_raw_line_is_truncated_to_1000_characters(tmp_path):
 def _assert_cut_after_some_lines(result, total: int) -> None:
     good = result.documents["line"].to_pylist()
     assert good == list(range(1, len(good) + 1)) and 10 <= len(good) < total
-    assert result.quarantine.to_pylist() == [
-        {**result.quarantine.to_pylist()[0], "line": len(good) + 1, "error": "truncated compressed stream"}
-    ]
+    [cut] = result.quarantine.to_pylist()
+    assert cut["line"] == len(good) + 1 and cut["error"].startswith("truncated compressed stream")
     assert result.records_read == len(good) + 1
 
 

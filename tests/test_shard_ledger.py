@@ -2,7 +2,12 @@
 
 import os
 
-from moe_dag.data.shard_ledger import ShardLedger, file_checksum, scan_shards
+from moe_dag.data.shard_ledger import ShardLedger, ShardRead, file_checksum, scan_shards
+
+
+def read_now(location: str) -> list[ShardRead]:
+    """The shards under `location` as a reader reading them now would record them."""
+    return [ShardRead(f.path, f.size, f.mtime, file_checksum(f.path)) for f in scan_shards(location)]
 
 
 def test_a_shard_is_pending_until_recorded_and_again_only_when_its_bytes_change(tmp_path):
@@ -14,7 +19,7 @@ def test_a_shard_is_pending_until_recorded_and_again_only_when_its_bytes_change(
 
     changes = ledger.changes("web", scan_shards(str(shards)))
     assert [s.path for s in changes.new] == [str(shards / "one.jsonl"), str(shards / "two.jsonl")]
-    ledger.record("web", scan_shards(str(shards)), run_id="run-1")
+    ledger.record("web", read_now(str(shards)), run_id="run-1")
     assert not ledger.changes("web", scan_shards(str(shards)))
     assert ledger.changes("code", scan_shards(str(shards))).new  # ledgers are per source
 
@@ -35,7 +40,7 @@ def test_a_shard_is_pending_until_recorded_and_again_only_when_its_bytes_change(
     assert [s.path for s in changes.changed] == [str(shards / "two.jsonl")]
     assert changes.removed == [str(shards / "one.jsonl")]
 
-    ledger.record("web", scan_shards(str(shards)), run_id="run-2")
+    ledger.record("web", read_now(str(shards)), run_id="run-2")
     rows = {row["path"].rsplit("/", 1)[1]: row for row in ledger.rows("web")}
     assert sorted(rows) == ["three.jsonl", "two.jsonl"]
     assert (

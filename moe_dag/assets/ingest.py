@@ -9,7 +9,7 @@ from moe_dag.config import PipelineConfig
 from moe_dag.data.counts import unreconciled_shards
 from moe_dag.data.engine.shards import digest_text, output_digest
 from moe_dag.data.ingest import ingest_source
-from moe_dag.data.shard_ledger import LedgerChanges, ShardLedger, ledger_path, scan_shards
+from moe_dag.data.shard_ledger import LedgerChanges, ShardLedger, ledger_path, shards_read
 from moe_dag.orchestration.resources import PipelineResource, RayResource
 
 LINES_IN_SHARDS = "lines_in_shards"
@@ -75,10 +75,8 @@ def record_ingested(
     context: dg.AssetExecutionContext, config: PipelineConfig, source: str, records: dict[str, dict]
 ) -> LedgerChanges:
     """Enter the shards `raw_documents` just ingested (the inputs of its completion `records`)."""
-    location = config.source(source).shards
-    ingested = {record["input"] for record in records.values()}
-    shards = [shard for shard in scan_shards(location) if shard.path in ingested]
-    changes = ShardLedger(ledger_path(config.catalog_path)).record(source, shards, context.run.run_id)
+    read = shards_read(records)
+    changes = ShardLedger(ledger_path(config.catalog_path)).record(source, read, context.run.run_id)
     context.log.info(f"shard ledger [{source}]: {changes.describe()}")
     return changes
 

@@ -4,7 +4,9 @@ A stage's completion records count what the stage itself saw, so a check built o
 catch a stage that lost rows before counting them. These counts come from elsewhere:
 
 - `count_shard_lines`: the records in a raw shard by a plain line count of its decompressed bytes
-  (non-blank lines; a parquet shard's row count from its footer), without parsing JSON. Ingest turns
+  (non-blank lines; a parquet shard's row count from its footer), without parsing JSON. The bytes come
+  through the reader's own `decompressed_chunks` (its BOM rule, its detection of a cut stream), so the
+  two differ only if the reader loses or invents lines. Ingest turns
   every such line into at least one document or quarantine row carrying the line's number, so the
   distinct (shard, line) pairs in `raw_documents` and `quarantine` must equal it shard by shard.
 - `lines_in_lake`: those distinct pairs, by one DuckDB query over the slice's parquet files.
@@ -14,8 +16,6 @@ catch a stage that lost rows before counting them. These counts come from elsewh
 
 from __future__ import annotations
 
-import gzip
-import zlib
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -23,14 +23,12 @@ import duckdb
 import fsspec
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-import zstandard
 
 from moe_dag.data.engine import ShardInput, raw_shard_inputs
 from moe_dag.data.lake import Lake
-from moe_dag.data.readers import CHUNK_BYTES, LINE_END, list_shards
+from moe_dag.data.readers import LINE_END, StreamCut, decompressed_chunks, list_shards
 
 LINE_COUNTS = "shard_lines"  # lake folder of cached counts: shard_lines/source=<s>/_done/<key>.json
-STREAM_CUT = (EOFError, gzip.BadGzipFile, zlib.error, zstandard.ZstdError)
 
 
 def count_shard_lines(path: str) -> int:
@@ -40,18 +38,16 @@ def count_shard_lines(path: str) -> int:
         with fsspec.open(path, "rb") as handle:
             return pq.ParquetFile(handle).metadata.num_rows
     lines, pending = 0, b""
-    with fsspec.open(path, "rb", compression="infer") as stream:
-        # read1 hands over what was decoded before a cut, as a reader of a truncated stream sees it.
-        read = getattr(stream, "read1", stream.read)
+    with fsspec.open(path, "rb") as raw:
         try:
-            for chunk in iter(lambda: read(CHUNK_BYTES), b""):
+            for chunk in decompressed_chunks(raw, path):
                 pieces = LINE_END.split(pending + chunk)
                 pending = pieces.pop()
                 if chunk.endswith(b"\r"):  # the first half of a CRLF split across chunks
                     pending = pieces.pop() + b"\r"
                 lines += sum(1 for piece in pieces if piece.strip())
-        except STREAM_CUT:
-            return lines + 1
+        except StreamCut:
+            return lines + 1  # the cut tail, which ingest quarantines as one record
     return lines + sum(1 for piece in LINE_END.split(pending) if piece.strip())
 
 

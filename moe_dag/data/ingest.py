@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from moe_dag.data.engine import ShardInput, StageRun, StageSpec, raw_shard_inputs, run_stage
-from moe_dag.data.engine.shards import digest_text
+from moe_dag.data.engine.shards import digest_text, file_sizes
 from moe_dag.data.engine.stages import IngestWork
 from moe_dag.data.lake import Lake
 from moe_dag.data.readers import MAX_RAW_CHARS, list_shards
@@ -105,7 +105,8 @@ def _move_to_quarantine(lake: Lake, source: str, key: str, repeats: pa.Table) ->
     earlier = [lake.read_file(quarantine_path)] if lake.fs.exists(quarantine_path) else []
     quarantine = pa.concat_tables([*earlier, pa.Table.from_pylist(rows, schema=QUARANTINE_SCHEMA)])
     lake.write_file(quarantine.sort_by("line"), quarantine_path)
-    lake.write_file(documents.filter(pc.invert(is_repeat)), lake.shard_path("raw_documents", source, key))
+    documents_path = lake.shard_path("raw_documents", source, key)
+    lake.write_file(documents.filter(pc.invert(is_repeat)), documents_path)
     counts = record["counts"]
     counts.update(
         kept=counts["kept"] - len(rows),
@@ -116,6 +117,7 @@ def _move_to_quarantine(lake: Lake, source: str, key: str, repeats: pa.Table) ->
     # redo the shard, while this stage's plan still finds it done.
     moved_lines = ",".join(str(line) for line in sorted(first_seen))
     record["output_digest"] = digest_text(record["digest"], f"moved lines {moved_lines}")
+    record["outputs"] = {**record.get("outputs", {}), **file_sizes(lake, [documents_path, quarantine_path])}
     lake.write_record("raw_documents", source, key, record)
 
 

@@ -5,11 +5,16 @@ mistyped field) becomes one quarantine row naming the shard, the line and the er
 line is kept. Lines end at LF, CRLF or a lone CR (files from old Macs), as JSON can hold none of them
 raw inside a record; a leading UTF-8 byte-order mark is dropped. A line that holds several whole JSON
 records run together (a lost line break) becomes one quarantine row per record, so the records a
-shard held are counted, not only its lines. A compressed stream that ends early keeps the lines
-decoded before the cut and adds one quarantine row "truncated compressed stream" at the line after
-the last complete one. Only a shard that
-cannot be opened at all (missing, not the compression its name says, not parquet) raises
-`ShardReadError`.
+shard held are counted, not only its lines. A line nested too deeply for the JSON parser is one
+quarantine row. A compressed stream that ends early keeps the lines decoded before the cut and adds
+one quarantine row "truncated compressed stream" (with the byte of the file where it ends) at the line
+after the last complete one. Only a shard that cannot be opened at all (missing, not the compression
+its name says, not parquet) raises `ShardReadError`. `decompressed_chunks` is the one way to the
+bytes of a line-based shard, so the independent line count (`moe_dag.data.counts`) sees what the
+reader sees.
+
+The bytes of the file are hashed as they are read (`ShardBytes`, on the last piece a shard yields), so
+the shard ledger records what was ingested even when the file is replaced meanwhile.
 
 Dolma fields map onto `DOCUMENT_SCHEMA`: the `source` column is the configured source name (the
 partition key) and the document's own `source` moves into the metadata as `dolma_source`, as does any
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import datetime as dt
 import gzip
+import hashlib
 import json
 import re
 import zlib
@@ -56,12 +62,21 @@ class ShardReadError(ValueError):
     """A shard that cannot be opened or decoded at all."""
 
 
-class _StreamEnded(Exception):
+class StreamCut(Exception):
     """The compressed stream broke after some data was decoded; the message is the quarantine error."""
 
 
 class _RowError(ValueError):
     """One line that cannot become a document; the message is the quarantine error."""
+
+
+@dataclass(frozen=True)
+class ShardBytes:
+    """The file a shard was read from, as read: its size, blake2b (as `file_checksum`) and mtime."""
+
+    size: int
+    checksum: str
+    mtime: float | None
 
 
 @dataclass
@@ -72,6 +87,31 @@ class ShardReadResult:
     # JSON record on a line holding several, plus one for the cut record of a truncated stream. A reader
     # that lost a row would break documents + quarantine == this.
     records_read: int
+    read: ShardBytes | None = None  # on the last piece of a shard: the bytes it was read from
+
+
+def new_checksum() -> Any:
+    """The hash of a shard's bytes, shared by the reader and the shard ledger."""
+    return hashlib.blake2b(digest_size=16)
+
+
+class _HashingReader:
+    """A binary file that hashes and counts the bytes read through it, in order."""
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        self.raw, self.digest, self.offset = raw, new_checksum(), 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.raw.read(size)
+        self.digest.update(data)
+        self.offset += len(data)
+        return data
+
+    def tell(self) -> int:
+        return self.offset
+
+    def bytes_read(self, mtime: float | None) -> ShardBytes:
+        return ShardBytes(self.offset, self.digest.hexdigest(), mtime)
 
 
 def list_shards(location: str) -> list[str]:
@@ -101,20 +141,37 @@ def read_shard(path: str, source: str) -> ShardReadResult:
 
 
 def read_shard_batches(path: str, source: str, batch_rows: int = BATCH_ROWS) -> Iterator[ShardReadResult]:
-    """One shard as pieces of at most `batch_rows` documents (plus the quarantine rows met meanwhile)."""
+    """One shard as pieces of at most `batch_rows` documents (plus the quarantine rows met meanwhile);
+    the last piece carries the `ShardBytes` it was read from."""
     builder = _TableBuilder(shard=path, source=source)
     try:
-        with fsspec.open(path, "rb") as raw:
-            read = _read_parquet if path.endswith(".parquet") else _read_json_lines
-            for _ in read(raw, path, builder):
+        fs, bare = fsspec.core.url_to_fs(path)
+        mtime = _mtime(fs.info(bare))
+        with fs.open(bare, "rb") as opened:
+            raw = _HashingReader(opened)
+            if path.endswith(".parquet"):
+                for _ in iter(lambda: raw.read(CHUNK_BYTES), b""):  # hashed whole, then read at random
+                    pass
+                opened.seek(0)
+                pieces = _read_parquet(opened, path, builder)
+            else:
+                pieces = _read_json_lines(raw, path, builder)
+            for _ in pieces:
                 if builder.pending_rows >= batch_rows:
                     yield builder.flush()
+            read = raw.bytes_read(mtime)
     except FileNotFoundError as e:
         raise ShardReadError(f"shard {path!r} does not exist") from e
     except OSError as e:
         raise ShardReadError(f"shard {path!r} cannot be read: {e}") from e
-    if builder.records_read or not builder.flushed:
-        yield builder.flush()
+    yield builder.flush(read)
+
+
+def _mtime(info: dict[str, Any]) -> float | None:
+    changed = info.get("mtime") or info.get("LastModified") or info.get("created")
+    if isinstance(changed, dt.datetime):
+        return changed.timestamp()
+    return float(changed) if changed is not None else None
 
 
 def _concat(results: list[ShardReadResult]) -> ShardReadResult:
@@ -130,7 +187,7 @@ def _read_json_lines(raw: IO[bytes], path: str, builder: _TableBuilder) -> Itera
     line_no = 0
     pending = b""
     try:
-        for chunk in _without_bom(_decompressed_chunks(raw, path)):
+        for chunk in decompressed_chunks(raw, path):
             lines = LINE_END.split(pending + chunk)
             pending = lines.pop()
             if chunk.endswith(b"\r"):
@@ -140,7 +197,7 @@ def _read_json_lines(raw: IO[bytes], path: str, builder: _TableBuilder) -> Itera
                 line_no += 1
                 builder.add_json_line(line_no, line)
                 yield
-    except _StreamEnded as e:
+    except StreamCut as e:
         # The bytes after the last line end are what survived of the cut record.
         builder.add_cut_record(line_no + 1, str(e), pending)
         return
@@ -148,6 +205,12 @@ def _read_json_lines(raw: IO[bytes], path: str, builder: _TableBuilder) -> Itera
         line_no += 1
         builder.add_json_line(line_no, line)
         yield
+
+
+def decompressed_chunks(raw: IO[bytes], path: str) -> Iterator[bytes]:
+    """The decompressed bytes of a line-based shard without a leading BOM; `StreamCut` when a
+    compressed stream ends early or breaks after some data was decoded."""
+    return _without_bom(_decompressed_chunks(raw, path))
 
 
 def _without_bom(chunks: Iterator[bytes]) -> Iterator[bytes]:
@@ -174,6 +237,10 @@ def _decompressed_chunks(raw: IO[bytes], path: str) -> Iterator[bytes]:
         yield from iter(lambda: raw.read(CHUNK_BYTES), b"")
 
 
+def _truncated(raw: IO[bytes]) -> StreamCut:
+    return StreamCut(f"truncated compressed stream: the file ends at byte {raw.tell()}, inside a frame")
+
+
 def _gzip_chunks(raw: IO[bytes], path: str) -> Iterator[bytes]:
     stream = gzip.GzipFile(fileobj=raw, mode="rb")
     decoded_any = False
@@ -181,11 +248,11 @@ def _gzip_chunks(raw: IO[bytes], path: str) -> Iterator[bytes]:
         try:
             chunk = stream.read1(CHUNK_BYTES)  # read() would drop what it decoded before a failure
         except EOFError as e:
-            raise _StreamEnded("truncated compressed stream") from e
+            raise _truncated(raw) from e
         except (gzip.BadGzipFile, zlib.error) as e:
             if not decoded_any:
                 raise ShardReadError(f"shard {path!r} is not a valid gzip stream: {e}") from e
-            raise _StreamEnded(f"corrupt compressed stream: {e}") from e
+            raise StreamCut(f"corrupt compressed stream at byte {raw.tell()}: {e}") from e
         if not chunk:
             return
         decoded_any = True
@@ -206,7 +273,7 @@ def _zstd_chunks(raw: IO[bytes], path: str) -> Iterator[bytes]:
             except zstandard.ZstdError as e:
                 if not decoded_any:
                     raise ShardReadError(f"shard {path!r} is not a valid zstd stream: {e}") from e
-                raise _StreamEnded(f"corrupt compressed stream: {e}") from e
+                raise StreamCut(f"corrupt compressed stream at byte {raw.tell()}: {e}") from e
             if out:
                 decoded_any = True
                 yield out
@@ -216,7 +283,7 @@ def _zstd_chunks(raw: IO[bytes], path: str) -> Iterator[bytes]:
                 frame = dctx.decompressobj()
                 frame_started = False
     if frame_started:
-        raise _StreamEnded("truncated compressed stream")
+        raise _truncated(raw)
 
 
 def _read_parquet(raw: IO[bytes], path: str, builder: _TableBuilder) -> Iterator[None]:
@@ -243,7 +310,6 @@ class _TableBuilder:
         self.docs: dict[str, list[Any]] = {name: [] for name in DOCUMENT_SCHEMA.names}
         self.errors: dict[str, list[Any]] = {name: [] for name in QUARANTINE_SCHEMA.names}
         self.records_read = 0
-        self.flushed = False
 
     def add_json_line(self, line_no: int, line: bytes) -> None:
         if not line.strip():
@@ -256,6 +322,10 @@ class _TableBuilder:
             return
         try:
             record = json.loads(text)
+        except RecursionError:
+            self.records_read += 1
+            self._quarantine(line_no, "JSON nested too deeply to parse", line)
+            return
         except json.JSONDecodeError as e:
             run_together = _whole_records(text) if e.msg == "Extra data" else []
             if len(run_together) > 1:
@@ -273,6 +343,9 @@ class _TableBuilder:
             row = _document_row(record, self.source)
         except _RowError as e:
             self._quarantine(line_no, str(e), raw())
+            return
+        except RecursionError:  # parsed, but nested too deeply to serialise again
+            self._quarantine(line_no, "JSON nested too deeply to store", raw())
             return
         row.update(source=self.source, shard=self.shard, line=line_no)
         for name, value in row.items():
@@ -300,17 +373,17 @@ class _TableBuilder:
     def pending_rows(self) -> int:
         return len(self.docs["id"]) + len(self.errors["line"])
 
-    def flush(self) -> ShardReadResult:
-        """The rows gathered since the last flush."""
+    def flush(self, read: ShardBytes | None = None) -> ShardReadResult:
+        """The rows gathered since the last flush (`read`: the shard's bytes, on its last piece)."""
         result = ShardReadResult(
             documents=pa.table(self.docs, schema=DOCUMENT_SCHEMA),
             quarantine=pa.table(self.errors, schema=QUARANTINE_SCHEMA),
             records_read=self.records_read,
+            read=read,
         )
         self.docs = {name: [] for name in DOCUMENT_SCHEMA.names}
         self.errors = {name: [] for name in QUARANTINE_SCHEMA.names}
         self.records_read = 0
-        self.flushed = True
         return result
 
 
@@ -321,7 +394,7 @@ def _whole_records(text: str) -> list[str]:
     while position < len(text):
         try:
             _, end = decoder.raw_decode(text, position)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             return []
         found.append(text[position:end])
         position = len(text) - len(text[end:].lstrip())

@@ -7,9 +7,12 @@ A DuckDB table (`shard_ledger.duckdb` beside the catalog: the catalog file is lo
 
 A shard is *pending* when its path is not in the ledger, or when its size or modification time differ
 from the ledger's and its checksum (blake2b of the bytes, streamed) differs too: a shard copied again
-with the same bytes is not ingested again. A path in the ledger whose file is gone is *removed*: its
-source has changed as well (ingest drops its rows). Finding pending shards reads only file listings and
-sizes; checksums are computed for new and changed files only.
+with the same bytes is not ingested again. The ledger holds the shard as ingest read it (size, mtime
+and checksum taken by the reader while reading, kept in the completion record), never the file as it is
+afterwards: a shard replaced during ingest differs from its entry, so it is ingested again. A path in
+the ledger whose file is gone is *removed*: its source has changed as well (ingest drops its rows).
+Finding pending shards reads only file listings and sizes; checksums are computed for new and changed
+files only.
 
 Writers take the database for a moment; DuckDB allows one process at a time, so opening waits (up to
 `LOCK_WAIT_S`) while another holds it.
@@ -18,7 +21,6 @@ Writers take the database for a moment; DuckDB allows one process at a time, so 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,7 +30,7 @@ from pathlib import Path
 import duckdb
 import fsspec
 
-from moe_dag.data.readers import CHUNK_BYTES, list_shards
+from moe_dag.data.readers import CHUNK_BYTES, list_shards, new_checksum
 
 LEDGER_FILE = "shard_ledger.duckdb"
 LOCK_WAIT_S = 60.0
@@ -53,6 +55,30 @@ class ShardFile:
     path: str
     size: int
     mtime: float | None
+
+
+@dataclass(frozen=True)
+class ShardRead:
+    """A shard as ingest read it."""
+
+    path: str
+    size: int
+    mtime: float | None
+    checksum: str
+
+
+def shards_read(records: dict[str, dict]) -> list[ShardRead]:
+    """The shards behind `raw_documents` completion records, as they were read. A record written before
+    readers hashed what they read vouches for the file as it is now."""
+    read = []
+    for record in records.values():
+        if "read" in record:
+            facts = record["read"]
+            read.append(ShardRead(record["input"], facts["size"], facts["mtime"], facts["checksum"]))
+        else:
+            [now] = scan_files([record["input"]])
+            read.append(ShardRead(now.path, now.size, now.mtime, file_checksum(now.path)))
+    return read
 
 
 @dataclass(frozen=True)
@@ -81,10 +107,14 @@ def ledger_path(catalog_path: str | Path) -> Path:
 
 def scan_shards(location: str) -> list[ShardFile]:
     """The shard files under `location` (the source's `shards`), with their sizes and modification times."""
-    fs, _ = fsspec.core.url_to_fs(location)
+    return scan_files(list_shards(location))
+
+
+def scan_files(paths: list[str]) -> list[ShardFile]:
     files = []
-    for path in list_shards(location):
-        info = fs.info(fsspec.core.url_to_fs(path)[1])
+    for path in paths:
+        fs, bare = fsspec.core.url_to_fs(path)
+        info = fs.info(bare)
         mtime = info.get("mtime") or info.get("LastModified") or info.get("created")
         files.append(ShardFile(path, int(info["size"]), _seconds(mtime)))
     return files
@@ -92,7 +122,7 @@ def scan_shards(location: str) -> list[ShardFile]:
 
 def file_checksum(path: str) -> str:
     """blake2b of the file's bytes, read in 1 MiB chunks: no file is held in memory."""
-    digest = hashlib.blake2b(digest_size=16)
+    digest = new_checksum()
     with fsspec.open(path, "rb") as handle:
         while chunk := handle.read(CHUNK_BYTES):
             digest.update(chunk)
@@ -117,34 +147,39 @@ class ShardLedger:
         present = {shard.path for shard in shards}
         return LedgerChanges(new, changed, sorted(set(known) - present))
 
-    def record(self, source: str, shards: list[ShardFile], run_id: str) -> LedgerChanges:
-        """After `run_id` ingested exactly `shards` for `source`: enter the new and changed ones (a
-        changed shard keeps its first_seen) and forget the ones that are gone. Returns what changed."""
-        changes = self.changes(source, shards)
+    def record(self, source: str, read: list[ShardRead], run_id: str) -> LedgerChanges:
+        """After `run_id` ingested exactly the shards `read` for `source`, as they were read: enter the
+        new and changed ones (a changed shard keeps its first_seen) and forget the ones that are gone.
+        Returns what changed."""
+        known = {row["path"]: row for row in self.rows(source)}
+        as_files = [ShardFile(shard.path, shard.size, shard.mtime) for shard in read]
+        changes = LedgerChanges(
+            new=[file for file in as_files if file.path not in known],
+            changed=[
+                file
+                for file, shard in zip(as_files, read, strict=True)
+                if file.path in known and shard.checksum != known[file.path]["checksum"]
+            ],
+            removed=sorted(set(known) - {shard.path for shard in read}),
+        )
         now = datetime.now(UTC).replace(tzinfo=None)
-        rows = [
-            (source, shard.path, shard.size, shard.mtime, file_checksum(shard.path), now, run_id, now)
-            for shard in changes.pending
-        ]
         with self._connect() as con:
             con.execute("BEGIN TRANSACTION")
             for path in changes.removed:
                 con.execute("DELETE FROM shard_ledger WHERE source = ? AND path = ?", [source, path])
-            for row in rows:
+            for shard in read:
+                # A shard read again with the same bytes keeps its entry, with the size and time read.
                 con.execute(
                     """
                     INSERT INTO shard_ledger VALUES (?, ?, ?, ?, ?, ?, ?, ?)
                     ON CONFLICT (source, path) DO UPDATE SET size = excluded.size, mtime = excluded.mtime,
-                        checksum = excluded.checksum, ingested_by = excluded.ingested_by,
-                        ingested_at = excluded.ingested_at
+                        checksum = excluded.checksum,
+                        ingested_by = CASE WHEN shard_ledger.checksum = excluded.checksum
+                            THEN shard_ledger.ingested_by ELSE excluded.ingested_by END,
+                        ingested_at = CASE WHEN shard_ledger.checksum = excluded.checksum
+                            THEN shard_ledger.ingested_at ELSE excluded.ingested_at END
                     """,
-                    row,
-                )
-            # Same bytes under a new modification time: remember the new time, so the next look is cheap.
-            for shard in shards:
-                con.execute(
-                    "UPDATE shard_ledger SET size = ?, mtime = ? WHERE source = ? AND path = ?",
-                    [shard.size, shard.mtime, source, shard.path],
+                    [source, shard.path, shard.size, shard.mtime, shard.checksum, now, run_id, now],
                 )
             con.execute("COMMIT")
         return changes

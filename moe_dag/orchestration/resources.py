@@ -22,8 +22,8 @@ class PipelineResource(dg.ConfigurableResource):
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         # Where this run's processes live, so the stuck-run reaper judges it only from there.
-        if context.instance is not None and context.run_id is not None:
-            record_run_host(context.instance, context.run_id)
+        if context.instance is not None and context.run is not None:
+            record_run_host(context.instance, context.run.run_id)
 
     @cached_property
     def config(self) -> PipelineConfig:

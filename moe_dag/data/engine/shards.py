@@ -7,7 +7,9 @@ than letters, digits, `-` and `_` replaced by `_`: readable, and safe as a file 
 A shard is done when its completion record carries the digest the stage would give it now: a hash of
 the stage, its parameters (config, model versions) and the input's fingerprint (a raw shard's size and
 modification time; the upstream shard's digest). So a new shard, a changed raw shard or a changed
-config is redone, shards whose input has gone are removed, and everything else is left as it is.
+config is redone, shards whose input has gone are removed, and everything else is left as it is. A
+record lists the files it vouches for with their sizes: a shard whose file is missing or of another
+size is redone, whatever its record says.
 """
 
 from __future__ import annotations
@@ -97,6 +99,21 @@ def digest_text(*parts: str) -> str:
     return hashlib.blake2b("\0".join(parts).encode(), digest_size=12).hexdigest()
 
 
+def file_sizes(lake: Lake, paths: list[str]) -> dict[str, int]:
+    """Bytes of each existing file of `paths`, by path below the lake root, for a completion record."""
+    return {posixpath.relpath(path, lake.root): lake.fs.size(path) for path in paths if lake.fs.exists(path)}
+
+
+def _outputs_intact(lake: Lake, record: dict[str, Any]) -> bool:
+    """Whether every file the completion record vouches for is there with its size (records written
+    before they listed their files are trusted)."""
+    for relative, size in record.get("outputs", {}).items():
+        path = posixpath.join(lake.root, relative)
+        if not lake.fs.exists(path) or lake.fs.size(path) != size:
+            return False
+    return True
+
+
 def plan_shards(
     lake: Lake, stages: tuple[str, ...], params: str, source: str, inputs: list[ShardInput]
 ) -> ShardPlan:
@@ -117,7 +134,11 @@ def plan_shards(
     todo, done = [], {}
     for shard in inputs:
         record = records.get(shard.key)
-        if record is not None and record.get("digest") == shard_digest(stages[0], params, shard):
+        if (
+            record is not None
+            and record.get("digest") == shard_digest(stages[0], params, shard)
+            and _outputs_intact(lake, record)
+        ):
             done[shard.key] = record
         else:
             todo.append(shard)

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from moe_dag.data.atomic import atomic_path, atomic_write
-from moe_dag.data.engine.shards import ShardInput, shard_digest
+from moe_dag.data.engine.shards import ShardInput, file_sizes, shard_digest
 from moe_dag.data.lake import Lake
 
 
@@ -59,12 +59,12 @@ class TableWriter:
     """Streams tables into one shard file; the file appears at its final path only on commit."""
 
     def __init__(self, stack: contextlib.ExitStack, lake: Lake, path: str, schema: pa.Schema | None) -> None:
-        self._stack, self._lake, self._path, self._schema = stack, lake, path, schema
+        self._stack, self._lake, self.path, self._schema = stack, lake, path, schema
         self._writer: pq.ParquetWriter | None = None
 
     def write(self, table: pa.Table) -> None:
         if self._writer is None:
-            handle = self._stack.enter_context(atomic_write(self._path, self._lake.fs))
+            handle = self._stack.enter_context(atomic_write(self.path, self._lake.fs))
             self._writer = pq.ParquetWriter(handle, table.schema, compression="zstd")
             self._stack.callback(self._writer.close)  # runs before the rename above
         self._writer.write_table(table)
@@ -80,8 +80,11 @@ class ShardOutput:
 
     def __init__(self, lake: Lake, source: str, key: str) -> None:
         self.lake, self.source, self.key = lake, source, key
+        # What the work saw of its input file (size, checksum), kept as is in the completion record.
+        self.read: dict[str, Any] | None = None
         self._stack = contextlib.ExitStack()
         self._tables: list[TableWriter] = []
+        self._paths: list[str] = []
 
     def table(self, stage: str, schema: pa.Schema | None = None) -> TableWriter:
         """A writer for `lake/<stage>/source=<s>/<key>.parquet`; with `schema`, written even if empty."""
@@ -93,9 +96,14 @@ class ShardOutput:
 
     def local_path(self, stage: str, suffix: str) -> Path:
         """A temporary local path for a file that takes a path to write (`<key><suffix>` at commit)."""
-        return self._stack.enter_context(
-            atomic_path(self.lake.shard_path(stage, self.source, self.key, suffix))
-        )
+        final = self.lake.shard_path(stage, self.source, self.key, suffix)
+        self._paths.append(final)
+        return self._stack.enter_context(atomic_path(final))
+
+    def sizes(self) -> dict[str, int]:
+        """Bytes of each file committed, by path below the lake root: what the completion record
+        vouches for."""
+        return file_sizes(self.lake, [*self._paths, *(writer.path for writer in self._tables)])
 
     def __enter__(self) -> ShardOutput:
         return self
@@ -128,6 +136,8 @@ def process_shard(
             "digest": spec.digest(shard),
             "counts": counts,
             "seconds": round(time.perf_counter() - started, 3),
+            **({"read": out.read} if out.read is not None else {}),
+            "outputs": out.sizes(),
         }
         lake.write_record(spec.stage, source, shard.key, record)
     except Exception as error:

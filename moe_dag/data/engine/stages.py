@@ -13,6 +13,7 @@ reconciliation.
 
 from __future__ import annotations
 
+import dataclasses
 import posixpath
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -61,6 +62,8 @@ class IngestWork(ShardWork):
         quarantine = out.table("quarantine", QUARANTINE_SCHEMA)
         counts = Counter(records=0, kept=0, quarantined=0)
         for piece in read_shard_batches(shard.path, out.source):
+            if piece.read is not None:
+                out.read = dataclasses.asdict(piece.read)
             documents.write(piece.documents)
             if piece.quarantine.num_rows:
                 quarantine.write(piece.quarantine)
