@@ -151,7 +151,8 @@ def _write_checkpoint(
     rank: int,
 ) -> None:
     if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
+        for unfinished in tmp.parent.glob(".step_*.tmp"):  # left by a save that was killed
+            shutil.rmtree(unfinished, ignore_errors=True)
         tmp.mkdir(parents=True)
     distributed.barrier()
     torch.save(_rng_state(), tmp / f"rng_rank{rank}.pt")

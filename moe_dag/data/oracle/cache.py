@@ -3,8 +3,9 @@
 A label is reusable exactly when the same text is scored on the same rubric, with the same prompt, by
 the same model, so the key is (text hash, rubric, prompt version, model). The cache is a parquet
 dataset under `<lake>/oracle_label_cache/`, one file per committed batch, written under a hidden
-temporary name and renamed: a run killed halfway has lost at most the batch it had not committed, and
-never leaves a half file behind. DuckDB reads it as the `oracle_label_cache` view.
+temporary name (not `*.parquet`) and renamed: a run killed halfway has lost at most the batch it had
+not committed, and its half file is seen by no reader and removed by the next labelling run. DuckDB
+reads the cache as the `oracle_label_cache` view.
 
 Files accumulate one per batch; `compact` merges them into one when there are many (a kill between
 writing the merged file and removing the old ones leaves duplicates, which lookups ignore).
@@ -24,6 +25,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from moe_dag.data.atomic import atomic_write
 from moe_dag.data.lake import Lake
 from moe_dag.data.oracle.base import DIMENSIONS, OracleLabel
 
@@ -55,7 +57,7 @@ def text_hash(text: str) -> str:
 
 class LabelCache:
     def __init__(self, lake: Lake, stage: str = CACHE_STAGE) -> None:
-        self.lake = lake
+        self.lake, self.stage = lake, stage
         self.folder = lake.dataset_dir(stage)
 
     def parts(self) -> list[str]:
@@ -109,19 +111,14 @@ class LabelCache:
             self.lake.fs.rm(part)
         return len(parts)
 
+    def remove_temporaries(self) -> None:
+        """Batches a killed run was writing (one labelling run writes the cache at a time)."""
+        self.lake.remove_temporaries(self.stage, None)
+
     def _write(self, table: pa.Table) -> str:
-        self.lake.fs.makedirs(self.folder, exist_ok=True)
         name = f"part-{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.parquet"
         final = posixpath.join(self.folder, name)
-        temporary = posixpath.join(self.folder, f".tmp-{name}")
-        try:
-            with self.lake.fs.open(temporary, "wb") as handle:
-                pq.write_table(table, handle, compression="zstd")
-            self.lake.fs.mv(temporary, final)
-        except BaseException as err:
-            if self.lake.fs.exists(temporary):
-                self.lake.fs.rm(temporary)
-            if isinstance(err, OSError):
-                raise OSError(f"could not write label cache batch {final}: {err}") from err
-            raise
+        # Written as a hidden `.partial` that no `*.parquet` glob (the catalog's view) matches.
+        with atomic_write(final, self.lake.fs) as handle:
+            pq.write_table(table, handle, compression="zstd")
         return final

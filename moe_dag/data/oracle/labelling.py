@@ -73,6 +73,7 @@ def label_documents(
         duplicate = next(i for i in ids if ids.count(i) > 1)
         raise ValueError(f"label_documents: document id {duplicate!r} is requested more than once")
     model = oracle.model_name
+    cache.remove_temporaries()
     keys: list[CacheKey] = [(text_hash(r.text), r.rubric) for r in requests]
     known = cache.lookup(keys, model, PROMPT_VERSION)
     from_cache = sum(key in known for key in keys)
