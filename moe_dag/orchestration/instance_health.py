@@ -18,6 +18,7 @@ This applies to instances that launch runs as local processes (the default launc
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import socket
 from collections.abc import Callable, Sequence
@@ -89,6 +90,8 @@ def unstick_daemonless_command(
     hold, and say who holds each full pool and how to free it, since Dagster itself only logs
     "Step still blocked by limit for pool" at DEBUG and waits for ever."""
     if Path(argv[0]).name != "dagster" or tuple(argv[1:3]) not in DAEMONLESS_COMMANDS:
+        return
+    if multiprocessing.parent_process() is not None:  # a step's process, given its parent's argv
         return
     for line in free_dead_runs(instance):
         log(f"moe-dag freed: {line}")
