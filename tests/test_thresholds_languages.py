@@ -1,8 +1,8 @@
-"""Thresholds per language inside a multilingual source (issue 20, item 2).
+"""Thresholds per language group inside a multilingual source (issue 20, item 2).
 
 Before the fix one threshold per source let heads that read Latin script well and other scripts badly
-keep 89% of Latin-script documents and 5% of the rest; Greek, Bengali, Korean and Malayalam went to zero
-on the multilingual fixture.
+keep 89% of Latin-script documents and 5% of the rest; on the multilingual fixture Greek, Bengali and
+Malayalam went to zero, Korean and Telugu to one document each.
 """
 
 from __future__ import annotations
@@ -12,10 +12,17 @@ import dataclasses
 import numpy as np
 import pytest
 
-from moe_dag.data.heads.thresholds import CalibrationConfig, Thresholds, calibrate_source
+from moe_dag.data.heads.thresholds import CalibrationConfig, Thresholds, calibrate_source, dominant_script
 from moe_dag.data.scoring import decide
 
 KEEP_RATE = 0.7
+TEXTS = {
+    "en": "The library opens at nine.",
+    "de": "Die Bibliothek öffnet um neun.",
+    "fr": "La bibliothèque ouvre à neuf heures.",
+    "el": "Η βιβλιοθήκη ανοίγει στις εννέα.",
+    "ko": "도서관은 아홉 시에 엽니다.",
+}
 
 
 def two_scripts(n: int = 200) -> tuple[np.ndarray, np.ndarray, list[str]]:
@@ -26,6 +33,13 @@ def two_scripts(n: int = 200) -> tuple[np.ndarray, np.ndarray, list[str]]:
     return judge, judge + rng.normal(0, 0.02, 2 * n), ["en"] * n + ["el"] * n
 
 
+def calibrate(probe, judge, languages, config: CalibrationConfig | None = None) -> Thresholds:
+    texts = [TEXTS[language] for language in languages]
+    return calibrate_source(
+        probe, judge, KEEP_RATE, config or CalibrationConfig(), "general", languages, texts
+    )
+
+
 def kept_share(thresholds: Thresholds, probe, judge, languages, language: str) -> float:
     keep, _ = decide(probe, judge, thresholds, languages)
     return float(np.mean([k for k, lang in zip(keep, languages, strict=True) if lang == language]))
@@ -34,11 +48,9 @@ def kept_share(thresholds: Thresholds, probe, judge, languages, language: str) -
 def test_each_language_keeps_about_the_source_keep_rate():
     judge, probe, languages = two_scripts()
     config = CalibrationConfig(exit_z=0.0)
-    pooled = calibrate_source(
-        probe, judge, KEEP_RATE, dataclasses.replace(config, per_language=False), "general", languages
-    )
+    pooled = calibrate(probe, judge, languages, dataclasses.replace(config, per_language=False))
     assert kept_share(pooled, probe, judge, languages, "el") < 0.45  # the defect: one cut erases Greek
-    thresholds = calibrate_source(probe, judge, KEEP_RATE, config, "general", languages)
+    thresholds = calibrate(probe, judge, languages, config)
     assert set(thresholds.languages) == {"en", "el"}
     for language in ("en", "el"):
         assert kept_share(thresholds, probe, judge, languages, language) == pytest.approx(KEEP_RATE, abs=0.02)
@@ -46,17 +58,28 @@ def test_each_language_keeps_about_the_source_keep_rate():
     assert thresholds.for_language("ko") is thresholds and thresholds.for_language(None) is thresholds
 
 
-def test_small_languages_fall_back_to_the_source_thresholds():
+def test_small_languages_pool_by_script_or_fall_back_to_the_source():
     judge, probe, languages = two_scripts()
-    languages[-4:] = ["ko"] * 4  # under min_documents_per_language (5)
-    thresholds = calibrate_source(probe, judge, KEEP_RATE, CalibrationConfig(), "general", languages)
-    assert set(thresholds.languages) == {"en", "el"}
-    single = calibrate_source(probe, judge, KEEP_RATE, CalibrationConfig(), "general", ["en"] * len(judge))
+    languages[:10] = ["de"] * 10  # under min_documents_per_language (30): a Latin group of one
+    languages[-4:] = ["ko"] * 4  # a script group under min_documents_per_script (5): the source decides
+    thresholds = calibrate(probe, judge, languages)
+    assert set(thresholds.languages) == {"en", "de", "el"}
+    assert thresholds.for_language("ko") is thresholds
+    languages[10:200] = ["fr"] * 190
+    pooled = calibrate(probe, judge, languages, CalibrationConfig(min_documents_per_language=500))
+    assert pooled.languages["de"] == pooled.languages["fr"]  # one Latin group
+    assert pooled.languages["el"] != pooled.languages["fr"]
+    single = calibrate(probe, judge, ["en"] * len(judge))
     assert single.languages == {}
 
 
 def test_thresholds_per_language_survive_a_json_round_trip():
     judge, probe, languages = two_scripts()
-    thresholds = calibrate_source(probe, judge, KEEP_RATE, CalibrationConfig(), "general", languages)
+    thresholds = calibrate(probe, judge, languages)
     again = Thresholds(**dataclasses.asdict(thresholds))
     assert again == thresholds and isinstance(again.languages["el"], Thresholds)
+
+
+def test_dominant_script_reads_the_letters():
+    assert [dominant_script(TEXTS[k]) for k in ("en", "el", "ko")] == ["LATIN", "GREEK", "HANGUL"]
+    assert dominant_script("12 + 34 = 46") == "NONE"

@@ -167,7 +167,7 @@ def calibrate_sources(
         scored = score_documents(mine, backbone, heads, everything, batch_size)
         probe, judge = scored["probe_score"].to_numpy(), scored["judge_score"].to_numpy()
         thresholds[source] = calibrate_source(
-            probe, judge, keep_rate, config, rubrics[source], _languages(mine)
+            probe, judge, keep_rate, config, rubrics[source], _languages(mine), mine["text"].to_pylist()
         )
     return thresholds
 

@@ -19,20 +19,25 @@ calibration sample is sized from the configured precision (`calibration_sample_s
 documents: on that source the keep rate is then exact, which `Thresholds.n_calibration` < `n_needed`
 records. There is no pooled calibration across sources: their score distributions differ.
 
-Per language inside a source (`per_language`): heads read some scripts far better than others (a small
-English backbone keeps Latin text and erases Greek, Bengali or Korean: issue 20), so one threshold over a
-multilingual source keeps languages at very different rates. Each language with at least
-`min_documents_per_language` calibration documents gets its own thresholds, calibrated on its documents
-alone, so each keeps about the source's keep rate; the source's thresholds (calibrated on every document)
-decide the rest. With few documents a language's thresholds carry its sampling error (about
-z * sqrt(p (1 - p) / n)), and its early exits need as many clean exits as a source's, so small languages
-run every document to the judge.
+Per language group inside a source (`per_language`): heads read some scripts far better than others (a
+small English backbone keeps Latin text and erases Greek, Bengali or Korean: issue 20), so one threshold
+over a multilingual source keeps languages at very different rates. Each language with at least
+`min_documents_per_language` calibration documents gets thresholds of its own, calibrated on its
+documents alone; the other languages are pooled by the script they are written in (the dominant script
+of their documents' letters), and each script group with at least `min_documents_per_script` documents
+gets thresholds of its own, shared by its languages. So each group keeps about the source's keep rate;
+the source's thresholds (calibrated on every document) decide languages in no group. A group's thresholds
+carry its sampling error (about z * sqrt(p (1 - p) / n) on its keep rate: +-0.16 at 30 documents), and
+its early exits need as many clean exits as a source's, so small groups run every document to the
+judge.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import unicodedata
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from statistics import NormalDist
@@ -56,9 +61,11 @@ class CalibrationConfig:
     # Also keep at the probe (tau_pass); false: only drops exit, and every kept document has judge scores.
     keep_exits: bool = True
     # Thresholds per language inside a source, for languages with at least this many calibration
-    # documents (the rest are decided by the source's); false: one set of thresholds per source.
+    # documents; the other languages are pooled per script, each script group with at least
+    # `min_documents_per_script` (the rest are decided by the source's). False: one set per source.
     per_language: bool = True
-    min_documents_per_language: int = 5
+    min_documents_per_language: int = 30
+    min_documents_per_script: int = 5
 
     def __post_init__(self) -> None:
         if not 0.0 < self.keep_rate_tolerance < 0.5:
@@ -67,9 +74,10 @@ class CalibrationConfig:
             raise ValueError(f"max_exit_error must be in [0, 1), got {self.max_exit_error}")
         if self.z <= 0 or self.exit_z < 0:
             raise ValueError(f"z must be > 0 and exit_z >= 0, got {self.z}, {self.exit_z}")
-        if self.min_documents_per_language < 2:
+        if min(self.min_documents_per_language, self.min_documents_per_script) < 2:
             raise ValueError(
-                f"min_documents_per_language must be at least 2, got {self.min_documents_per_language}"
+                "min_documents_per_language and min_documents_per_script must be at least 2, got "
+                f"{self.min_documents_per_language} and {self.min_documents_per_script}"
             )
 
 
@@ -87,8 +95,8 @@ class Thresholds:
     drop_exit_error: float | None = None
     keep_exit_rate: float = 0.0
     keep_exit_error: float | None = None
-    # Thresholds of the languages calibrated on their own (see the module docstring), by language code;
-    # a document in any other language, or of unknown language, is decided by these.
+    # Thresholds of the language groups calibrated on their own (see the module docstring), by language
+    # code (the languages of one script group share one); any other language, or none, is decided by these.
     languages: Mapping[str, Thresholds] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -191,6 +199,7 @@ def calibrate_source(
     config: CalibrationConfig,
     rubric: str = "general",
     languages: Sequence[str | None] | None = None,
+    texts: Sequence[str] | None = None,
 ) -> Thresholds:
     """Thresholds for one source from both heads' scores on its calibration documents.
 
@@ -209,26 +218,56 @@ def calibrate_source(
     largest exit set (every document at or above it) holding at most `max_exit_error` documents the judge
     would have dropped; None when none qualifies.
 
-    `languages` (the documents' language codes, with `config.per_language`): each language with at least
-    `config.min_documents_per_language` documents gets thresholds of its own, calibrated the same way on
-    its documents alone, when the source has more than one language.
+    `languages` and `texts` (the documents' language codes and texts, with `config.per_language`): each
+    language group (see the module docstring) gets thresholds of its own, calibrated the same way on its
+    documents alone, when the source has more than one language.
     """
     source = _calibrate(probe_scores, judge_scores, keep_rate, config, rubric)
-    if languages is None or not config.per_language:
+    if languages is None or texts is None or not config.per_language:
         return source
     probe, judge = np.asarray(probe_scores, dtype=np.float64), np.asarray(judge_scores, dtype=np.float64)
     codes = np.array(list(languages), dtype=object)
-    if len(codes) != len(probe):
-        raise ValueError(f"calibrate_source: {len(codes)} languages for {len(probe)} documents")
-    counts = {language: int((codes == language).sum()) for language in set(codes) if language is not None}
-    if len(counts) < 2:
+    if not len(codes) == len(texts) == len(probe):
+        raise ValueError(
+            f"calibrate_source: {len(codes)} languages and {len(texts)} texts for {len(probe)} documents"
+        )
+    groups = _language_groups(codes, texts, config)
+    if len({language for language in codes if language is not None}) < 2 or not groups:
         return source
-    own = {
-        language: _calibrate(probe[codes == language], judge[codes == language], keep_rate, config, rubric)
-        for language, count in sorted(counts.items())
-        if count >= config.min_documents_per_language
-    }
-    return dataclasses.replace(source, languages=own)
+    own = {}
+    for members in groups:
+        rows = np.isin(codes, members)
+        group = _calibrate(probe[rows], judge[rows], keep_rate, config, rubric)
+        own |= dict.fromkeys(members, group)
+    return dataclasses.replace(source, languages=dict(sorted(own.items())))
+
+
+def _language_groups(codes: np.ndarray, texts: Sequence[str], config: CalibrationConfig) -> list[list[str]]:
+    """Languages calibrated together: each large language alone, the others pooled by script."""
+    counts = Counter(language for language in codes if language is not None)
+    groups = [[language] for language, n in sorted(counts.items()) if n >= config.min_documents_per_language]
+    by_script: dict[str, list[str]] = {}
+    for language in sorted(set(counts) - {group[0] for group in groups}):
+        scripts = Counter(
+            dominant_script(text) for text, code in zip(texts, codes, strict=True) if code == language
+        )
+        by_script.setdefault(scripts.most_common(1)[0][0], []).append(language)
+    for members in by_script.values():
+        if sum(counts[language] for language in members) >= config.min_documents_per_script:
+            groups.append(members)
+    return groups
+
+
+def dominant_script(text: str, letters: int = 400) -> str:
+    """The script most of the first `letters` letters are written in: the first word of their Unicode
+    names ("LATIN", "CYRILLIC", "CJK", "HANGUL", "DEVANAGARI", ...); "NONE" for a text without letters."""
+    scripts: Counter[str] = Counter()
+    for char in text:
+        if char.isalpha():
+            scripts[unicodedata.name(char, "UNKNOWN").split(" ", 1)[0]] += 1
+            if scripts.total() >= letters:
+                break
+    return scripts.most_common(1)[0][0] if scripts else "NONE"
 
 
 def _calibrate(
