@@ -56,9 +56,7 @@ def search_mixture(config_path: str, home: str | None, log: Callable[[str], None
         _materialize(config_path, instance, ["mixture_candidates"])
         keys = instance.get_dynamic_partitions(CANDIDATES.name)
         instance.event_log_storage.set_concurrency_slots(POOL, parallel)
-    log(
-        f"mixture search: {len(keys)} proxies (candidates and the configured mixture), {parallel} at a time"
-    )
+    log(f"mixture search: {len(keys)} proxies (candidates and the configured mixture), {parallel} at a time")
     context = multiprocessing.get_context("spawn")  # a clean process per candidate, as a run launcher gives
     with ProcessPoolExecutor(parallel, mp_context=context) as pool:
         futures = [pool.submit(_candidate_in_process, config_path, home, key) for key in keys]

@@ -1,0 +1,146 @@
+"""The proxies that decide, materialised on a tiny corpus: the neutral set in proxy_eval and the catalog,
+curation_gain and moe_gain on the curated and neutral sets ending in one sentence, and a 4-candidate
+mixture search from candidates to report. Tiny trainings (8 steps of the tiny preset) keep each test
+within a minute or two on 2 cores."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dagster as dg
+import numpy as np
+import pyarrow as pa
+import pytest
+import yaml
+
+from moe_dag.assets.comparisons import curation_gain, moe_gain, unfiltered_mixture
+from moe_dag.assets.evaluation import evaluation_sets, neutral_documents
+from moe_dag.assets.mixture import tokenized_mixture, tokenizer
+from moe_dag.assets.mixture_search import (
+    CANDIDATES,
+    candidate_proxy,
+    mixture_candidates,
+    mixture_proposal,
+    mixture_search_report,
+    mixture_validation,
+)
+from moe_dag.assets.training import moe_proxy, proxy_eval
+from moe_dag.config import DEFAULT_CONFIG, load_config
+from moe_dag.data.catalog import Catalog
+from moe_dag.data.lake import Lake
+from moe_dag.orchestration.definitions import build_definitions
+
+pytestmark = pytest.mark.slow
+DOCUMENTS = 60
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory, local_ray) -> tuple[Path, dg.DagsterInstance]:
+    """A lake with raw, clustered and scored documents per source (all kept), a tiny proxy trained on
+    them and scored on the neutral set; the config's path and the instance that recorded it."""
+    root = tmp_path_factory.mktemp("decisions")
+    raw = yaml.safe_load(Path(DEFAULT_CONFIG).read_text())
+    raw["lake_root"], raw["catalog_path"] = str(root / "lake"), str(root / "catalog.duckdb")
+    raw["tokenizer"] = {"vocab_size": 300}
+    raw["mixture"] = {"seq_len": 32, "heldout_fraction": 0.1, "heldout_min_documents": 8}
+    raw["training"] = {
+        "preset": "tiny",
+        "steps": 8,
+        "overrides": {"train.num_threads": 1, "train.checkpoint_every": 4},
+    }
+    raw["evaluation"] = {"neutral_per_source": 6}
+    raw["mixture_search"] = {
+        "candidates": 4,
+        "steps": 8,
+        "overrides": {"train.batch_size": 4},
+        "proposals_sampled": 200,
+        "top_k": 10,
+    }
+    path = root / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    config = load_config(path)
+    lake, rng = Lake(config.lake_root), np.random.default_rng(0)
+    words = ["data", "model", "expert", "token", "the", "of", "and", "route", "grüße", "def"]
+    clusters = {"id": [], "cluster_id": []}
+    for source in config.source_names:
+        ids = [f"{source}/{i}" for i in range(DOCUMENTS)]
+        texts = [" ".join(rng.choice(words, size=rng.integers(5, 40))) for _ in ids]
+        documents = {"id": ids, "text": texts, "source": [source] * DOCUMENTS}
+        lake.write_file(pa.table(documents), lake.shard_path("raw_documents", source, "s0"))
+        kept = {**documents, "keep": [True] * DOCUMENTS, "reason": [None] * DOCUMENTS}
+        lake.write_file(pa.table(kept), lake.shard_path("scored_documents", source, "s0"))
+        lake.write_record("scored_documents", source, "s0", {"digest": f"{source}-s0"})
+        clusters["id"] += ids
+        clusters["cluster_id"] += ids
+    lake.write_table(pa.table(clusters), "dedup_clusters")
+    instance = dg.DagsterInstance.ephemeral()
+    assets = [neutral_documents, tokenizer, tokenized_mixture, evaluation_sets, moe_proxy, proxy_eval]
+    materialize(assets, path, instance)
+    return path, instance
+
+
+def materialize(
+    assets: list, config_path: Path, instance: dg.DagsterInstance, partition: str | None = None
+) -> dg.ExecuteInProcessResult:
+    resources = build_definitions(config_path).resources
+    return dg.materialize(assets, resources=resources, instance=instance, partition_key=partition)
+
+
+def _metadata(result: dg.ExecuteInProcessResult, asset: str) -> dict:
+    return {k: v.value for k, v in result.asset_materializations_for_node(asset)[-1].metadata.items()}
+
+
+def test_the_neutral_set_is_scored_by_proxy_eval_and_listed_in_the_catalog(trained) -> None:
+    path, _ = trained
+    config = load_config(path)
+    rows = Catalog(config.catalog_path, Lake(config.lake_root)).query(
+        "SELECT eval_set, source, documents, bits_per_byte_ci_low <= bits_per_byte FROM proxy_eval_sets "
+        "ORDER BY source"
+    )
+    assert {(r[0], r[1], r[2]) for r in rows} == {("neutral", s, 6) for s in config.source_names} | {
+        ("neutral", "all", 18)
+    }
+    assert all(r[3] for r in rows)
+    listed = Catalog(config.catalog_path, Lake(config.lake_root)).query(
+        "SELECT count(*) FROM evaluation_documents WHERE eval_set = 'neutral'"
+    )
+    assert listed == [(18,)]
+
+
+def test_curation_and_moe_gains_end_in_one_sentence_on_both_sets(trained) -> None:
+    path, instance = trained
+    result = materialize([unfiltered_mixture, curation_gain, moe_gain], path, instance)
+    for asset, what in (("curation_gain", "curation gain"), ("moe_gain", "MoE gain")):
+        metadata = _metadata(result, asset)
+        assert set(metadata["verdicts"]) == {"curated", "neutral"}
+        assert metadata["verdict"] == metadata["verdicts"]["neutral"]
+        for name, sentence in metadata["verdicts"].items():
+            gain = metadata["gains"][name]
+            assert sentence.startswith(f"{what} on the {name} set: {gain['gain']:+.4f} bits/byte")
+            low, high = gain["gain_ci95"]
+            assert low <= gain["gain"] <= high
+            assert gain["resolved"] == (low > 0 or high < 0)
+            assert gain["resolved"] or "not resolved at this budget" in sentence
+            assert sentence.count(".") >= 1 and "at 8 steps" in sentence
+
+
+def test_a_four_candidate_search_proposes_validates_and_reports(trained) -> None:
+    path, instance = trained
+    result = materialize([mixture_candidates], path, instance)
+    assert _metadata(result, "mixture_candidates")["candidates"] == 4
+    keys = instance.get_dynamic_partitions(CANDIDATES.name)
+    assert sorted(keys) == ["c000", "c001", "c002", "c003", "configured"]
+    for key in keys:
+        materialize([candidate_proxy], path, instance, partition=key)
+    result = materialize([mixture_proposal, mixture_validation, mixture_search_report], path, instance)
+    proposal = _metadata(result, "mixture_proposal")
+    assert sum(proposal["proposal"].values()) == pytest.approx(1)
+    assert "mixture_weight" in proposal["config_snippet"]
+    validation = _metadata(result, "mixture_validation")
+    low, high = validation["gain_vs_configured_ci"]
+    assert low <= validation["gain_vs_configured"] <= high
+    config = load_config(path)
+    roles = Catalog(config.catalog_path, Lake(config.lake_root)).query(
+        "SELECT role, count(*) FROM mixture_search GROUP BY role ORDER BY role"
+    )
+    assert roles == [("candidate", 4), ("configured", 1), ("proposal", 1)]
