@@ -9,7 +9,17 @@ from moe_dag.assets.partitions import PER_SOURCE
 from moe_dag.assets.reporting import DROP_SHARE, decision_check_specs, decision_result, run_source_stage
 from moe_dag.data.engine import StageSpec
 from moe_dag.data.engine.stages import FilterWork
-from moe_dag.data.filters import build_prefilters, fit_to_source
+from moe_dag.data.filters import build_prefilters
+from moe_dag.data.fits import (
+    change_counts,
+    changed_decisions,
+    decisions,
+    fit_source,
+    load_fit,
+    settings_digest,
+    store_fit,
+    with_fit,
+)
 from moe_dag.orchestration.resources import PipelineResource, RayResource
 
 
@@ -34,23 +44,39 @@ def prefiltered(
 ) -> dg.MaterializeResult:
     source = pipeline.config.source(context.partition_key)
     config = pipeline.config.prefilter_for(source)
-    # Cuts on the source's own distribution (perplexity percentiles) are fitted once, here, so that every
-    # shard is decided against the same cuts on any number of workers.
-    filters = fit_to_source(
-        build_prefilters(config, source.kind, source.languages),
-        pipeline.lake.iter_batches("raw_documents", source.name),
-        config.perplexity.sample_documents,
-    )
-    cuts = {f.name: f.cuts for f in filters if f.whole_table}
-    context.log.info(f"fitted on the source: {cuts}")
+    lake = pipeline.lake
+    filters = build_prefilters(config, source.kind, source.languages)
+    # Cuts on the source's own distribution (perplexity percentiles) are fitted once and stored, so that
+    # every shard, on any worker and in any later run, is decided against the same cuts: a new shard never
+    # moves them. Only other settings (`prefilter.refit` among them) make a new fit.
+    settings = settings_digest((config, source.kind, source.languages))
+    fit = load_fit(lake, "prefiltered", source.name)
+    refitted = fit is None or fit.settings != settings
+    if refitted:
+        fit = fit_source(
+            filters,
+            lake.iter_batches("raw_documents", source.name),
+            config.perplexity.sample_documents,
+            settings,
+        )
+        before = decisions(lake, "prefiltered", source.name)
+        store_fit(lake, "prefiltered", source.name, fit)
+    context.log.info(f"{'fitted' if refitted else 'stored'} fit {fit.describe()}")
+    filters = with_fit(filters, fit)
     spec = StageSpec(
         outputs=("prefiltered",),
         make_work=functools.partial(FilterWork, "prefiltered", functools.partial(list, filters)),
-        params=repr((config, source.kind, source.languages, cuts)),
+        params=repr((config, source.kind, source.languages, fit.version)),
         actor_pool=source.languages is not None,  # the language ID model loads once per actor
     )
     run = run_source_stage(context, pipeline, ray, spec, "raw_documents")
-    filters = run.counts.get("filters", {})
-    return decision_result(
-        context, pipeline, run, "raw_documents", {"filters": dg.MetadataValue.json(filters)}, DROP_SHARE
-    )
+    extra = {
+        "filters": dg.MetadataValue.json(run.counts.get("filters", {})),
+        "fit": dg.MetadataValue.json(fit.describe()),
+    }
+    if refitted:
+        # What the new fit (and any new settings with it) changed among documents decided before.
+        changed = changed_decisions(before, decisions(lake, "prefiltered", source.name))
+        extra["decisions_changed"] = changed.num_rows
+        extra["decisions_changed_by_reason"] = dg.MetadataValue.json(change_counts(changed))
+    return decision_result(context, pipeline, run, "raw_documents", extra, DROP_SHARE)

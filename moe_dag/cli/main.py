@@ -38,6 +38,12 @@ def main(argv: list[str] | None = None) -> int:
         help="relabel, retrain the heads and rebuild the mixture on any new data, not only past the "
         "config's refresh shares",
     )
+    refit = commands.add_parser(
+        "refit",
+        help="say which stored prefilter decisions of a source a refit of its perplexity cuts would change "
+        "(writes only a table of their ids; raise prefilter.refit to make it)",
+    )
+    refit.add_argument("--source", required=True, metavar="NAME")
     commands.add_parser("summary", help="print documents kept per stage, dedup, heads, mixture and loss")
     commands.add_parser("demo", help="demo-corpus, then run, then summary")
     query = commands.add_parser("query", help="run one SQL query on the DuckDB catalog, read-only")
@@ -77,6 +83,8 @@ def run_command(args: argparse.Namespace) -> int:
         )
     if args.command == "search-mixture":
         return search_mixture(args.config)
+    if args.command == "refit":
+        return print_refit_changes(args.config, args.source)
     if args.command == "free-stuck-runs":
         return free_stuck_runs()
     if args.command == "query":
@@ -118,6 +126,37 @@ def print_query(config_path: str, sql: str, limit: int | None = None, output: st
     write_rows(table if limit is None else table.slice(0, limit), output, sys.stdout)
     if limit is not None and table.num_rows > limit:
         print(f"({table.num_rows - limit} more rows; raise --limit to see them)", file=sys.stderr)
+    return 0
+
+
+def print_refit_changes(config_path: str, source_name: str) -> int:
+    """Fit the source's cuts afresh on its shards now and print the stored decisions that would change,
+    per reason and in a parquet file of ids beside the fits; nothing the pipeline reads is written."""
+    from moe_dag.data.filters import build_prefilters
+    from moe_dag.data.fits import change_counts, fit_source, load_fit, refit_changes, with_fit
+    from moe_dag.data.lake import Lake
+
+    config = load_config(config_path)
+    if source_name not in config.source_names:
+        print(f"moe-dag refit: no source {source_name!r}; sources: {config.source_names}", file=sys.stderr)
+        return 2
+    source, lake = config.source(source_name), Lake(config.lake_root)
+    settings = config.prefilter_for(source)
+    filters = build_prefilters(settings, source.kind, source.languages)
+    stored = load_fit(lake, "prefiltered", source_name)
+    batches = lake.iter_batches("raw_documents", source_name)
+    fit = fit_source(filters, batches, settings.perplexity.sample_documents, "")
+    changed = refit_changes(lake, "prefiltered", source_name, with_fit(filters, fit))
+    print(f"stored fit: {stored.describe() if stored else 'none'}")
+    print(f"refit:      {fit.describe()}")
+    print(f"{changed.num_rows} stored decisions would change")
+    for change, count in change_counts(changed).items():
+        print(f"  {change}: {count}")
+    if changed.num_rows:
+        path = lake.shard_path("fits/prefiltered", source_name, f"changes-{fit.version}")
+        lake.write_file(changed, path)
+        print(f"ids: {path}")
+    print(f"to refit: raise prefilter.refit (now {settings.refit}) in sources[{source_name}].prefilter, run")
     return 0
 
 

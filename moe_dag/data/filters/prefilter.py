@@ -93,6 +93,9 @@ class PrefilterConfig:
     fineweb: FineWebConfig = field(default_factory=FineWebConfig)
     code: CodeConfig = field(default_factory=CodeConfig)
     perplexity: PerplexityConfig = field(default_factory=PerplexityConfig)
+    # The fitted cuts (perplexity) are stored once per source and reused for every later shard
+    # (`moe_dag/data/fits.py`); raising this number, globally or in one source's block, refits them.
+    refit: int = 0
     # Changes per kind of source (`SourceConfig.kind`), applied before the source's own `prefilter:`.
     kinds: dict[str, dict[str, Any]] = field(default_factory=_kind_defaults)
     # Changes to the rule families per language (a language ID code, or a group below), applied to the

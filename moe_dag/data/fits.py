@@ -1,0 +1,184 @@
+"""Fitted state of a source, stored in the lake and versioned: cuts fitted once, reused by every later run.
+
+A whole-table filter (the perplexity cut: a model and percentiles of the source's own distribution) is
+fitted on the source before the source fans out over shards. Fitting it again at every materialisation
+would let a new shard move the cuts and flip the decision of a document decided long ago. So the fit is
+an artefact of its own, per stage and source:
+
+    fits/<stage>/source=<name>/<version>.pkl    the fitted whole-table filters, pickled
+    fits/<stage>/source=<name>/current.json     which version the stage uses, and what it was fitted on
+
+The version is a digest of the pickled filters, so shards record it in their completion params and are
+redone only when the version changes. A new fit is made only when there is none, or when the source's
+settings changed since the stored one (which includes `prefilter.refit`, the explicit refit: bump it for
+a source, or globally). `refit_changes` says beforehand which stored decisions a refit would change.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import pickle
+import posixpath
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from moe_dag.data.atomic import atomic_write
+from moe_dag.data.filters import DocumentFilter, fit_to_source, run_filters
+from moe_dag.data.lake import Lake
+
+FITS = "fits"
+CURRENT = "current.json"
+_NO_CHANGE = pa.table({name: pa.array([], pa.string()) for name in ("id", "reason_before", "reason_after")})
+
+
+@dataclass(frozen=True)
+class SourceFit:
+    """The fitted whole-table filters of one stage and source, with what they were fitted from."""
+
+    version: str
+    settings: str  # digest of the source's settings at fitting time
+    documents: int  # documents of the source the fit saw (before the filters ahead of the fitted ones)
+    filters: dict[str, DocumentFilter]  # by filter name
+
+    def describe(self) -> dict:
+        return {
+            "version": self.version,
+            "settings": self.settings,
+            "documents": self.documents,
+            "cuts": {
+                name: [c if math.isfinite(c) else str(c) for c in getattr(f, "cuts", None) or ()]
+                for name, f in self.filters.items()
+            },
+        }
+
+
+def settings_digest(settings: object) -> str:
+    """A short digest of the repr of whatever the fit depends on (config, kind, languages)."""
+    return hashlib.blake2b(repr(settings).encode(), digest_size=8).hexdigest()
+
+
+def fit_source(
+    filters: Sequence[DocumentFilter], batches: Iterable[pa.Table], max_documents: int, settings: str
+) -> SourceFit:
+    """Fit the whole-table filters among `filters` on the source (see `fit_to_source`)."""
+    if not any(f.whole_table for f in filters):
+        return _fit({}, settings, 0)
+    counted = _Counted(batches, max_documents)
+    fitted = fit_to_source(filters, counted, max_documents)
+    return _fit({f.name: f for f in fitted if f.whole_table}, settings, counted.rows)
+
+
+def with_fit(filters: Sequence[DocumentFilter], fit: SourceFit) -> list[DocumentFilter]:
+    """`filters` with each whole-table one replaced by its fitted copy from `fit`."""
+    missing = [f.name for f in filters if f.whole_table and f.name not in fit.filters]
+    if missing:
+        raise ValueError(f"fit {fit.version} holds no fitted {missing}: refit the source (prefilter.refit)")
+    return [fit.filters[f.name] if f.whole_table else f for f in filters]
+
+
+def load_fit(lake: Lake, stage: str, source: str) -> SourceFit | None:
+    """The fit `stage` uses for `source`, or None before the first."""
+    folder = _folder(lake, stage, source)
+    try:
+        with lake.fs.open(posixpath.join(folder, CURRENT), "rb") as handle:
+            current = json.loads(handle.read())
+    except FileNotFoundError:
+        return None
+    path = posixpath.join(folder, f"{current['version']}.pkl")
+    with lake.fs.open(path, "rb") as handle:
+        filters = pickle.load(handle)
+    return SourceFit(current["version"], current["settings"], current["documents"], filters)
+
+
+def store_fit(lake: Lake, stage: str, source: str, fit: SourceFit) -> None:
+    """Write the fit's version (kept beside earlier ones), then point `current.json` at it."""
+    folder = _folder(lake, stage, source)
+    with atomic_write(posixpath.join(folder, f"{fit.version}.pkl"), lake.fs) as handle:
+        handle.write(pickle.dumps(fit.filters, protocol=5))
+    with atomic_write(posixpath.join(folder, CURRENT), lake.fs) as handle:
+        handle.write(json.dumps(fit.describe(), sort_keys=True).encode())
+
+
+def decisions(lake: Lake, stage: str, source: str) -> pa.Table:
+    """id, keep and reason of every row of the stage's slice (empty before the first run)."""
+    if not lake.has_table(stage, source):
+        return pa.table(
+            {
+                "id": pa.array([], pa.string()),
+                "keep": pa.array([], pa.bool_()),
+                "reason": pa.array([], pa.string()),
+            }
+        )
+    return lake.read_table(stage, source, columns=["id", "keep", "reason"])
+
+
+def changed_decisions(before: pa.Table, after: pa.Table) -> pa.Table:
+    """The documents in both tables whose keep or reason differs: id, reason_before, reason_after
+    (a kept document's reason is "kept")."""
+    old = _with_named_reason(before).rename_columns(["id", "reason_before"])
+    new = _with_named_reason(after).rename_columns(["id", "reason_after"])
+    joined = old.join(new, "id", join_type="inner")
+    changed = joined.filter(pc.not_equal(joined["reason_before"], joined["reason_after"]))
+    return changed.select(_NO_CHANGE.column_names).cast(_NO_CHANGE.schema).sort_by("id")
+
+
+def change_counts(changed: pa.Table) -> dict[str, int]:
+    """Changed decisions counted per "reason_before -> reason_after"."""
+    counts: dict[str, int] = {}
+    for before, after in zip(
+        changed["reason_before"].to_pylist(), changed["reason_after"].to_pylist(), strict=True
+    ):
+        key = f"{before} -> {after}"
+        counts[key] = counts.get(key, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def refit_changes(lake: Lake, stage: str, source: str, filters: Sequence[DocumentFilter]) -> pa.Table:
+    """Which stored decisions of the slice `filters` (the refitted ones) would change, without writing.
+
+    Only the rows that reached the first whole-table filter are decided again (from the stored rows,
+    whose earlier score columns the later filters read); a row dropped before it keeps its reason."""
+    first = next((i for i, f in enumerate(filters) if f.whole_table), None)
+    if first is None or not lake.has_table(stage, source):
+        return _NO_CHANGE
+    late = list(filters[first:])
+    late_reasons = pa.array(sorted({reason for f in late for reason in f.reasons}), pa.string())
+    changed = []
+    for batch in lake.iter_batches(stage, source):
+        reached = batch.filter(pc.or_kleene(batch["keep"], pc.is_in(batch["reason"], late_reasons)))
+        if not reached.num_rows:
+            continue
+        decided, _ = run_filters(reached, late)
+        changed.append(changed_decisions(reached.select(["id", "keep", "reason"]), decided))
+    return pa.concat_tables([_NO_CHANGE, *changed]).sort_by("id")
+
+
+def _fit(filters: dict[str, DocumentFilter], settings: str, documents: int) -> SourceFit:
+    version = hashlib.blake2b(pickle.dumps(filters, protocol=5), digest_size=8).hexdigest()
+    return SourceFit(version, settings, documents, filters)
+
+
+def _with_named_reason(table: pa.Table) -> pa.Table:
+    reason = pc.if_else(table["keep"], pa.scalar("kept"), pc.fill_null(table["reason"], "dropped"))
+    return pa.table({"id": table["id"], "reason": reason})
+
+
+def _folder(lake: Lake, stage: str, source: str) -> str:
+    return posixpath.join(lake.root, FITS, stage, f"source={source}")
+
+
+class _Counted:
+    """The batches of a source, counting the rows handed out (up to `limit`, as `fit_to_source` takes)."""
+
+    def __init__(self, batches: Iterable[pa.Table], limit: int) -> None:
+        self.batches, self.limit, self.rows = batches, limit, 0
+
+    def __iter__(self) -> Iterator[pa.Table]:
+        for batch in self.batches:
+            self.rows = min(self.limit, self.rows + batch.num_rows)
+            yield batch
