@@ -73,6 +73,7 @@ def test_the_connection_itself_writes_nothing_when_the_guard_is_passed_by(tmp_pa
         "SELECT * FROM read_parquet('moedaglake://../catalog.duckdb')",
         "SELECT * FROM read_text('{tmp}/catalog.duckdb')",
         "SELECT * FROM read_text('/etc/passwd')",
+        "SELECT * FROM query('COPY (SELECT 1) TO ''{tmp}/lake/x.csv''')",  # a write inside a SELECT
     ],
 )
 def test_the_connection_reads_nothing_outside_the_lake(tmp_path, sql):
