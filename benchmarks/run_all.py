@@ -32,6 +32,8 @@ import sys
 import time
 from pathlib import Path
 
+from moe_dag.training.run_outputs import MetricsLog
+
 BENCHMARKS = Path(__file__).resolve().parent
 ROOT = BENCHMARKS.parent
 RESULTS = BENCHMARKS / "results"
@@ -110,24 +112,14 @@ def record(name: str, result: dict, command: list[str], wall_s: float, load_befo
         "result": result,
     }
     RESULTS.mkdir(exist_ok=True)
-    with open(RESULTS / f"{name}.jsonl", "a") as history:
-        history.write(json.dumps(entry) + "\n")
+    history(name).append(entry)
     return entry
 
 
-def read_records(name: str) -> list[dict]:
-    path = RESULTS / f"{name}.jsonl"
-    if not path.exists():
-        return []
-    records = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as error:
-            raise SystemExit(f"{path} line {number}: not JSON ({error})") from error
-    return records
+def history(name: str) -> MetricsLog:
+    """A benchmark's records, one JSON object a line, appended in one write each (the trainer's metrics
+    log: a record torn by a kill is skipped when read)."""
+    return MetricsLog(RESULTS / f"{name}.jsonl")
 
 
 def what_it_measures(name: str) -> str:
@@ -171,7 +163,7 @@ def provenance(entry: dict) -> str:
 
 
 def table_row(name: str, doc_text: str) -> str:
-    records = read_records(name)
+    records = history(name).read()
     measured = [entry for entry in records if "skipped" not in entry["result"]]
     cell = f"[`{name}.py`](../benchmarks/{name}.py)"
     if not measured:
@@ -205,9 +197,9 @@ def results_table(doc_text: str) -> str:
     )
 
 
-def write_table(doc: Path = DOC) -> None:
-    """Replace the table between the markers; a document without them gets the table appended."""
-    text = doc.read_text() if doc.exists() else "# Benchmarks\n"
+def write_table() -> None:
+    """Replace the table between the markers in DOC; a document without them gets the table appended."""
+    text = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
     table = results_table(text)
     if BEGIN in text and END in text:
         head, rest = text.split(BEGIN, 1)
@@ -215,7 +207,7 @@ def write_table(doc: Path = DOC) -> None:
         text = head + table + tail
     else:
         text = text.rstrip("\n") + "\n\n" + table + "\n"
-    doc.write_text(text)
+    DOC.write_text(text)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -244,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
             entry = record(name, result, command, wall_s, load_before)
             print(f"recorded in benchmarks/results/{name}.jsonl: {provenance(entry)}", flush=True)
     write_table()
-    print(f"results table regenerated in {DOC.relative_to(ROOT)}")
+    print(f"results table regenerated in {os.path.relpath(DOC, ROOT)}")
     if failed:
         print(f"run_all: failed, nothing recorded: {', '.join(failed)}", file=sys.stderr)
         return 1
