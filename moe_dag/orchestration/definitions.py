@@ -14,13 +14,13 @@ from moe_dag.assets import (
     catalog,
     comparisons,
     dedup,
+    evaluation,
     heads,
     ingest,
-    evaluation,
     mixture,
+    mixture_search,
     oracle,
     prefilter,
-    mixture_search,
     scoring,
     toxicity,
     training,
@@ -42,16 +42,30 @@ ASSET_MODULES = [
     scoring,
     catalog,
     mixture,
+    evaluation,
     training,
     comparisons,
-    evaluation,
+    mixture_search,
 ]
 
-    mixture_search,
 curate_source = dg.define_asset_job(
     "curate_source",
     selection=dg.AssetSelection.assets("raw_documents", "prefiltered", "minhash_signatures"),
     description="Read and prefilter one source (backfill a partition to redo one source alone).",
+)
+
+relabel = dg.define_asset_job(
+    "relabel",
+    selection=dg.AssetSelection.assets("oracle_sample", "oracle_labels", "quality_heads"),
+    description="Draw and label a new oracle sample and retrain the quality heads (by hand, or when "
+    "refresh.relabel_after_change says the sources moved enough); scored_documents follows the new heads.",
+)
+
+remix = dg.define_asset_job(
+    "remix",
+    selection=dg.AssetSelection.assets("tokenizer", "tokenized_mixture", "moe_proxy", "proxy_eval"),
+    description="Retrain the tokenizer, rebuild the mixture and retrain the proxy on the current kept "
+    "documents (by hand, or when refresh.remix_after_change says the sources moved enough).",
 )
 
 rescore_sources = dg.define_asset_job(
@@ -99,7 +113,7 @@ def build_definitions(config_path: str | Path | None = None) -> dg.Definitions:
     return dg.Definitions(
         assets=with_operating_attributes(assets, config),
         asset_checks=dg.load_asset_checks_from_modules(ASSET_MODULES),
-        jobs=[curate_source, rescore_sources, mixture_search.mixture_search_job],
+        jobs=[curate_source, relabel, remix, rescore_sources, mixture_search.mixture_search_job],
         schedules=[weekly_rescoring_schedule(partitions, config)],
         sensors=[stuck_run_reaper, dedup.dedup_consistency, *new_shards, automation_sensor(config)],
         resources={

@@ -31,8 +31,8 @@ from moe_dag.data.filters import DocumentFilter, run_filters
 from moe_dag.data.lake import read_batches
 from moe_dag.data.mixture.build import HELDOUT_SCHEMA, heldout_table
 from moe_dag.data.mixture.heldout import split_at_cut
-from moe_dag.data.mixture.token_shards import TokenShardWriter
 from moe_dag.data.mixture.neutral import without_excluded
+from moe_dag.data.mixture.token_shards import TokenShardWriter
 from moe_dag.data.readers import read_shard_batches
 from moe_dag.data.schema import DOCUMENT_SCHEMA, QUARANTINE_SCHEMA, kept_rows, reason_counts
 from moe_dag.data.tokenizer import eos_id, load_tokenizer
@@ -196,16 +196,16 @@ class TokenizeWork(ShardWork):
         tokenizer_path: str,
         eos_token: str,
         heldout_cuts: dict[str, int | None],
+        excluded_ids: frozenset[str] = frozenset(),  # the neutral set and its copies (neutral.py)
     ) -> None:
         self.tokens_stage, self.heldout_stage = tokens_stage, heldout_stage
         self.tokenizer = load_tokenizer(Path(tokenizer_path))
-        excluded_ids: frozenset[str] = frozenset(),  # the neutral set and its copies (neutral.py)
         self.eos = eos_id(self.tokenizer, eos_token)
         self.heldout_cuts = heldout_cuts
+        self.excluded_ids = excluded_ids
 
     def process(self, shard: ShardInput, out: ShardOutput) -> dict[str, Any]:
         token_writer = TokenShardWriter(
-        self.excluded_ids = excluded_ids
             self.tokenizer,
             self.eos,
             out.local_path(self.tokens_stage, ".bin"),
