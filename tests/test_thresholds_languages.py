@@ -60,13 +60,13 @@ def test_each_language_keeps_about_the_source_keep_rate():
 
 def test_small_languages_pool_by_script_or_fall_back_to_the_source():
     judge, probe, languages = two_scripts()
-    languages[:10] = ["de"] * 10  # under min_documents_per_language (30): a Latin group of one
+    languages[:10] = ["de"] * 10  # at least min_documents_per_language (5): its own
     languages[-4:] = ["ko"] * 4  # a script group under min_documents_per_script (5): the source decides
     thresholds = calibrate(probe, judge, languages)
     assert set(thresholds.languages) == {"en", "de", "el"}
     assert thresholds.for_language("ko") is thresholds
     languages[10:200] = ["fr"] * 190
-    pooled = calibrate(probe, judge, languages, CalibrationConfig(min_documents_per_language=500))
+    pooled = calibrate(probe, judge, languages, CalibrationConfig(min_documents_per_language=200))
     assert pooled.languages["de"] == pooled.languages["fr"]  # one Latin group
     assert pooled.languages["el"] != pooled.languages["fr"]
     single = calibrate(probe, judge, ["en"] * len(judge))
