@@ -11,7 +11,23 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from moe_dag.data.filters import (
+    c4,
+    code,
+    fineweb,
+    gopher_quality,
+    gopher_repetition,
+    language,
+    perplexity,
+    size,
+    toxicity,
+)
+
+if TYPE_CHECKING:  # the config module imports this one
+    from moe_dag.config import PipelineConfig
 
 ANY_REASON = "default"  # the key of max_drop_share that bounds every reason not named
 DEFAULT_MAX_DROP_SHARE = 0.5  # for reasons not named, unless `default` says otherwise
@@ -85,30 +101,102 @@ class ChecksConfig:
         return own.get(reason, self.max_drop_share.get(reason, default))
 
 
+# Where each stage's filter settings live in the pipeline config, and the filter modules whose
+# REASON_SETTINGS name, per reason code, the field of that section (or of the source) governing it.
+_STAGE_SETTINGS: dict[str, tuple[str, dict[str, ModuleType]]] = {
+    "prefiltered": (
+        "prefilter",
+        {
+            "size": size,
+            "language": language,
+            "gopher_repetition": gopher_repetition,
+            "gopher_quality": gopher_quality,
+            "c4": c4,
+            "fineweb": fineweb,
+            "code": code,
+            "perplexity": perplexity,
+        },
+    ),
+    "toxicity_filtered": ("toxicity", {"": toxicity}),
+}
+
+
+def reason_settings(stage: str, config: PipelineConfig, source: str) -> dict[str, str]:
+    """Per reason code of `stage`, the config key that governs it and its value for `source`, as
+    "prefilter.gopher_quality.min_words = 50 for source b"; reasons no setting governs are absent."""
+    if stage not in _STAGE_SETTINGS:
+        return {}
+    section, families = _STAGE_SETTINGS[stage]
+    source_config = config.source(source)
+    settings = config.prefilter_for(source_config) if section == "prefilter" else getattr(config, section)
+    found = {}
+    for family, module in families.items():
+        for reason, path in module.REASON_SETTINGS.items():
+            if path is None:
+                continue
+            if path.startswith("sources."):
+                field_name = path.removeprefix("sources.")
+                value, key = getattr(source_config, field_name), f"sources[{source}].{field_name}"
+            else:
+                value = _setting(getattr(settings, family) if family else settings, path)
+                key = ".".join(part for part in (section, family, path) if part)
+            found[reason] = f"{key} = {value!r} for source {source}"
+    return found
+
+
+def _setting(config: Any, path: str) -> Any:
+    """The value at a dotted path of a config dataclass; a mapping's keys may be ints ("max_top.2")."""
+    for part in path.split("."):
+        if isinstance(config, Mapping):
+            config = config.get(int(part) if part.isdigit() else part)
+        else:
+            config = getattr(config, part)
+    return config
+
+
+def _governed(reason: str, settings: Mapping[str, str] | None) -> str:
+    return f" ({settings[reason]})" if settings and reason in settings else ""
+
+
 def drop_share_violations(
-    stage: str, source: str, reasons: Mapping[str, int], rows_in: int, config: ChecksConfig
+    stage: str,
+    source: str,
+    reasons: Mapping[str, int],
+    rows_in: int,
+    config: ChecksConfig,
+    settings: Mapping[str, str] | None = None,
 ) -> list[str]:
-    """One sentence per drop reason whose share of the stage's input is above its bound."""
+    """One sentence per drop reason whose share of the stage's input is above its bound; `settings`
+    (`reason_settings`) names the config key that governs the reason, and its value."""
     found = []
     for reason, count in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])):
         share, bound = count / rows_in if rows_in else 0.0, config.drop_bound(source, reason)
         if share > bound:
             found.append(
-                f"{stage}[{source}]: reason {reason!r} dropped {count} of {rows_in} documents "
-                f"({share:.1%}), above its bound {bound:.1%} (checks.max_drop_share, or "
-                f"checks.max_drop_share_by_source.{source}.{reason})"
+                f"{stage}[{source}]: reason {reason!r}{_governed(reason, settings)} dropped {count} of "
+                f"{rows_in} documents ({share:.1%}), above its bound {bound:.1%} (checks.max_drop_share, "
+                f"or checks.max_drop_share_by_source.{source}.{reason})"
             )
     return found
 
 
 def emptied_source(
-    stage: str, source: str, reasons: Mapping[str, int], rows_in: int, kept: int
+    stage: str,
+    source: str,
+    reasons: Mapping[str, int],
+    rows_in: int,
+    kept: int,
+    settings: Mapping[str, str] | None = None,
 ) -> str | None:
-    """A sentence naming the stage and the top reasons when a source with input kept nothing, else None."""
+    """A sentence naming the stage and the top reasons, each with the config key that governs it and
+    its value (`settings`, from `reason_settings`), when a source with input kept nothing, else None."""
     if rows_in == 0 or kept > 0:
         return None
     top = sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))[:3]
-    named = ", ".join(f"{reason} {count}" for reason, count in top) or "no reason recorded"
+    named = (
+        ", ".join(f"{reason} {count}{_governed(reason, settings)}" for reason, count in top)
+        or "no reason recorded"
+    )
     return (
         f"source {source!r} lost every document at {stage} ({rows_in} in; top reasons: {named}). The "
         f"pipeline stops here rather than train a mixture without it: loosen the rules that dropped it "

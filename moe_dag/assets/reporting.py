@@ -23,6 +23,7 @@ from moe_dag.assets.bounds import (
     duplicate_share_violation,
     emptied_source,
     lost_languages,
+    reason_settings,
 )
 from moe_dag.data.counts import slice_counts
 from moe_dag.data.engine import StageRun, StageSpec, upstream_inputs
@@ -149,7 +150,8 @@ def decision_result(
             f"rows_of_{upstream}": upstream_rows,
         },
     )
-    emptied = emptied_source(run.stage, source, reasons, rows_in, kept)
+    settings = reason_settings(run.stage, pipeline.config, source)
+    emptied = emptied_source(run.stage, source, reasons, rows_in, kept, settings)
     if emptied:
         context.log.warning(emptied)
         metadata["emptied_source"] = emptied
@@ -164,7 +166,7 @@ def decision_result(
         problems_result(LANGUAGES_KEPT, lost, {"kept_by_language": dg.MetadataValue.json(kept_by_language)}),
     ]
     if bounds is not None:
-        checks.append(_bound_result(bounds, run, reasons, pipeline.config.checks))
+        checks.append(_bound_result(bounds, run, reasons, pipeline.config.checks, settings))
     return dg.MaterializeResult(metadata=metadata, check_results=checks)
 
 
@@ -190,12 +192,12 @@ def language_counts(lake: Lake, stage: str, source: str) -> dict[str, tuple[int,
 
 
 def _bound_result(
-    bounds: str, run: StageRun, reasons: dict[str, int], config: ChecksConfig
+    bounds: str, run: StageRun, reasons: dict[str, int], config: ChecksConfig, settings: dict[str, str]
 ) -> dg.AssetCheckResult:
     rows_in, dropped = run.counts.get("documents", 0), run.counts.get("dropped", 0)
     if bounds == DROP_SHARE:
         largest = next(iter(reasons.values()), 0) / rows_in if rows_in else 0.0
-        problems = drop_share_violations(run.stage, run.source, reasons, rows_in, config)
+        problems = drop_share_violations(run.stage, run.source, reasons, rows_in, config, settings)
         return problems_result(DROP_SHARE, problems, {"largest_reason_share": round(largest, 4)})
     problem = duplicate_share_violation(run.source, rows_in, dropped, config)
     share = dropped / rows_in if rows_in else 0.0

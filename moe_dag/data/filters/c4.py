@@ -66,6 +66,14 @@ class C4Config:
     filter_policy: bool = True
 
 
+# The field of `C4Config` that governs each reason.
+REASON_SETTINGS: dict[str, str | None] = {
+    "c4_lorem_ipsum": "filter_lorem_ipsum",
+    "c4_curly_bracket": "filter_curly_bracket",
+    "c4_too_few_sentences": "min_sentences",
+}
+
+
 class C4QualityFilter(DocumentFilter):
     """Drop pages with placeholder text, code braces, or fewer than 5 sentences in clean lines."""
 

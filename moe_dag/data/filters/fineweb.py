@@ -60,6 +60,16 @@ class FineWebConfig:
     max_newline_word_ratio: float = 0.3
 
 
+# The field of `FineWebConfig` that governs each reason.
+REASON_SETTINGS: dict[str, str | None] = {
+    "fineweb_empty_document": None,
+    "fineweb_too_few_punctuated_lines": "min_punctuated_line_fraction",
+    "fineweb_too_many_short_lines": "max_short_line_fraction",
+    "fineweb_duplicate_line_chars": "max_duplicate_line_char_fraction",
+    "fineweb_too_many_newlines": "max_newline_word_ratio",
+}
+
+
 class FineWebQualityFilter(DocumentFilter):
     """Drop documents of unpunctuated, short or repeated lines, and lists."""
 

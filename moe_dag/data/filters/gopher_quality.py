@@ -79,6 +79,21 @@ class GopherQualityConfig:
         self.stop_word_languages = tuple(self.stop_word_languages)
 
 
+# The field of `GopherQualityConfig` that governs each reason.
+REASON_SETTINGS: dict[str, str | None] = {
+    "gopher_too_few_words": "min_words",
+    "gopher_too_many_words": "max_words",
+    "gopher_mean_word_length_too_short": "min_mean_word_length",
+    "gopher_mean_word_length_too_long": "max_mean_word_length",
+    "gopher_too_many_hashes": "max_symbol_word_ratio",
+    "gopher_too_many_ellipses": "max_symbol_word_ratio",
+    "gopher_too_many_bullet_lines": "max_bullet_line_fraction",
+    "gopher_too_many_ellipsis_lines": "max_ellipsis_line_fraction",
+    "gopher_too_few_alphabetic_words": "min_alphabetic_word_fraction",
+    "gopher_too_few_stop_words": "min_stop_words",
+}
+
+
 class GopherQualityFilter(DocumentFilter):
     """Drop documents too short or long, of odd word length, symbol-heavy, list-like or without stop words."""
 

@@ -60,6 +60,18 @@ class GopherRepetitionConfig:
             setattr(self, name, {int(n): float(v) for n, v in getattr(self, name).items()})
 
 
+# The field of `GopherRepetitionConfig` that governs each reason (n-gram bounds by n).
+REASON_SETTINGS: dict[str, str | None] = {
+    "gopher_empty_document": None,
+    "gopher_duplicate_paragraphs": "max_duplicate_paragraph_fraction",
+    "gopher_duplicate_paragraph_chars": "max_duplicate_paragraph_char_fraction",
+    "gopher_duplicate_lines": "max_duplicate_line_fraction",
+    "gopher_duplicate_line_chars": "max_duplicate_line_char_fraction",
+    **{f"gopher_top_{n}gram_chars": f"max_top_ngram_char_fraction.{n}" for n in range(1, 21)},
+    **{f"gopher_duplicate_{n}gram_chars": f"max_duplicate_ngram_char_fraction.{n}" for n in range(1, 21)},
+}
+
+
 class GopherRepetitionFilter(DocumentFilter):
     """Drop documents that repeat their own paragraphs, lines or phrases."""
 

@@ -69,6 +69,14 @@ class LanguageConfig:
                 raise ValueError(f"language: {name} must lie in [0, 1], got {score}")
 
 
+# The setting that governs each reason: a field of `LanguageConfig`, or of the source (`sources.`).
+REASON_SETTINGS: dict[str, str | None] = {
+    "language_not_allowed": "sources.languages",
+    "language_score_too_low": "min_score",
+    "language_unidentified": "unknown_below",
+}
+
+
 class LanguageFilter(DocumentFilter):
     """Keep documents whose language is allowed and identified with enough confidence."""
 

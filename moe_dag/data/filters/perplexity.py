@@ -189,6 +189,13 @@ class PerplexityConfig:
             raise ValueError("perplexity: need 0 <= low_percentile < high_percentile <= 100")
 
 
+# The field of `PerplexityConfig` that governs each reason.
+REASON_SETTINGS: dict[str, str | None] = {
+    "perplexity_too_low": "low_percentile",
+    "perplexity_too_high": "high_percentile",
+}
+
+
 class PerplexityFilter(DocumentFilter):
     """Drop documents whose perplexity lies below or above the given percentiles of the source's."""
 

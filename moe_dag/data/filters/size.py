@@ -27,6 +27,14 @@ class SizeConfig:
     max_control_char_fraction: float = 0.05
 
 
+# The setting of `SizeConfig` that governs each reason (None: no setting, the document is dropped as it is).
+REASON_SETTINGS: dict[str, str | None] = {
+    "empty_document": None,
+    "document_too_large": "max_chars",
+    "binary_content": "max_control_char_fraction",
+}
+
+
 class DocumentSizeFilter(DocumentFilter):
     """Drop empty, oversized or binary-looking documents before any other filter reads them."""
 

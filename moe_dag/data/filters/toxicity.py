@@ -100,6 +100,13 @@ class ToxicityConfig:
         self.extra_blocklist = tuple(self.extra_blocklist)
 
 
+# The field of `ToxicityConfig` that governs each reason.
+REASON_SETTINGS: dict[str, str | None] = {
+    "toxic_lines": "max_toxic_share",
+    "blocklisted_words": "blocklist_min_hits",
+}
+
+
 class ToxicLinesFilter(DocumentFilter):
     """Drop documents whose toxic lines hold enough of their words, or one of whose lines (or, when short,
     the whole text) scores above the high bar."""
