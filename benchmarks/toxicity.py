@@ -3,7 +3,7 @@ and the document-level defaults (`max_toxic_share`, `single_line_probability`) a
 
 The labelled documents, all built from real text found on the machine (`installed_documents`: READMEs,
 help topics, docstrings of more than 60 words, up to `--documents`):
-- clean: each document as found. Labelled clean by assumption; the lines the classifier scores above 0.9
+- clean: each document as found. Labelled clean by assumption; the lines the classifier scores above 0.8
   were read by hand (issue 20): a name list ("Dick Marinus, ...", 0.96), a shell line (0.82), and the
   READMEs of the profanity libraries, which quote profanity as examples (1.0);
 - clean, odd heading: each document under one of the headings of issue 20 ("Rear naked choke", "Petals
