@@ -78,7 +78,12 @@ class Catalog:
 
     def connect(self, read_only: bool = False) -> duckdb.DuckDBPyConnection:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        return duckdb.connect(str(self.path), read_only=read_only)
+        con = duckdb.connect(str(self.path), read_only=read_only)
+        if not self.lake.is_local:
+            # DuckDB reads an object-store lake through the lake's own fsspec filesystem (its storage
+            # settings included), not through its httpfs extension, which it would have to download.
+            con.register_filesystem(self.lake.fs)
+        return con
 
     def refresh(self, stages: dict[str, bool] = LAKE_STAGES) -> list[str]:
         """Create or replace one view per stage that has data; `stages` maps name -> partitioned."""

@@ -16,8 +16,12 @@ reader would pick up, and the completion record is written only after the files 
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import glob
+import hashlib
 import json
+import os
 import posixpath
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,19 +31,25 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from moe_dag.data.atomic import TEMPORARY_PREFIX, atomic_write
+from moe_dag.data.atomic import TEMPORARY_PREFIX, atomic_path, atomic_write
 
 PART_NAME = "part-00000.parquet"
 RECORDS_DIR = "_done"
 BATCH_ROWS = 2048
+# The published version of a stage's artefacts on an object-store lake, written after every file it lists.
+ARTIFACT_MANIFEST = "_artifact.json"
+# The version the local mirror holds (hidden: never listed, never uploaded).
+LOCAL_MANIFEST = ".artifact.json"
+CACHE_ENV = "MOE_DAG_LAKE_CACHE"
 
 
 class Lake:
-    def __init__(self, root: str | Path) -> None:
+    def __init__(self, root: str | Path, cache_dir: str | Path | None = None) -> None:
         self.url = str(root)
         self.fs, self.root = fsspec.core.url_to_fs(self.url)
         if self.is_local:
             self.root = str(Path(self.root).resolve())
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir(self.url)
 
     @property
     def is_local(self) -> bool:
@@ -167,16 +177,85 @@ class Lake:
                 self.fs.rm(path)
 
     def artifact_dir(self, stage: str) -> Path:
-        """A local folder for a stage's non-tabular artefacts (models, token files, checkpoints).
+        """A local folder holding a stage's non-tabular artefacts (models, token files, checkpoints).
 
-        These are written by libraries that expect a filesystem path (safetensors, numpy memmaps,
-        torch checkpoints), so they need a local lake; remote lakes sync such folders separately.
+        These are written and read by libraries that expect a filesystem path (safetensors, numpy
+        memmaps, torch checkpoints, tokenizers). On a local lake this is the stage's folder in the lake.
+        On an object-store lake it is the stage's mirror in the local cache, first brought up to the
+        version last published to the lake (files the local copy does not yet have are left alone, so
+        a writer's unpublished work survives a second call); write into it, then `publish_artifact`.
         """
-        if not self.is_local:
-            raise ValueError(f"artefacts need a local lake root, got {self.url}")
-        folder = Path(self.root) / stage
+        if self.is_local:
+            folder = Path(self.root) / stage
+            folder.mkdir(parents=True, exist_ok=True)
+            return folder
+        folder = self.cache_dir / stage
         folder.mkdir(parents=True, exist_ok=True)
+        self._pull_artifact(stage, folder)
         return folder
+
+    def publish_artifact(self, stage: str) -> str | None:
+        """Make the local folder of a stage's artefacts the lake's published version; returns the version.
+
+        Nothing to do on a local lake (returns None). On an object-store lake the files that changed are
+        uploaded, then the manifest (every file's size and sha256) is written last, so a reader sees the old
+        version or the new one, never a half-uploaded one; files the previous version listed and this
+        one does not are removed afterwards. One writer per stage at a time (one materialisation)."""
+        if self.is_local:
+            return None
+        folder = self.cache_dir / stage
+        manifest = _folder_manifest(folder)
+        remote = posixpath.join(self.root, stage)
+        previous = self._remote_manifest(stage)["files"]
+        for name, entry in manifest["files"].items():
+            if previous.get(name) != entry:
+                self.fs.makedirs(posixpath.dirname(posixpath.join(remote, name)), exist_ok=True)
+                self.fs.put_file(str(folder / name), posixpath.join(remote, name))
+        with atomic_write(posixpath.join(remote, ARTIFACT_MANIFEST), self.fs) as handle:
+            handle.write(json.dumps(manifest, sort_keys=True).encode())
+        for name in sorted(set(previous) - set(manifest["files"])):
+            self.fs.rm(posixpath.join(remote, name))
+        _write_json(folder / LOCAL_MANIFEST, manifest)
+        return manifest["version"]
+
+    @contextlib.contextmanager
+    def writing_artifact(self, stage: str) -> Iterator[Path]:
+        """`artifact_dir` to write into, published when the block ends without an error."""
+        folder = self.artifact_dir(stage)
+        yield folder
+        self.publish_artifact(stage)
+
+    def artifact_version(self, stage: str) -> str | None:
+        """The published version of a stage's artefacts on an object-store lake (None if never
+        published, and on a local lake, whose folder is always current)."""
+        return None if self.is_local else self._remote_manifest(stage)["version"]
+
+    def _remote_manifest(self, stage: str) -> dict[str, Any]:
+        try:
+            with self.fs.open(posixpath.join(self.root, stage, ARTIFACT_MANIFEST), "rb") as handle:
+                return json.loads(handle.read())
+        except FileNotFoundError:
+            return {"version": None, "files": {}}
+
+    def _pull_artifact(self, stage: str, folder: Path) -> None:
+        remote = self._remote_manifest(stage)
+        local_path = folder / LOCAL_MANIFEST
+        local = json.loads(local_path.read_text()) if local_path.exists() else {"version": None, "files": {}}
+        if remote["version"] is None or remote["version"] == local["version"]:
+            return
+        for name, entry in remote["files"].items():
+            target = folder / name
+            if (
+                local["files"].get(name) == entry
+                and target.exists()
+                and target.stat().st_size == entry["size"]
+            ):
+                continue
+            with atomic_path(target) as partial:
+                self.fs.get_file(posixpath.join(self.root, stage, name), str(partial))
+        for name in set(local["files"]) - set(remote["files"]):
+            (folder / name).unlink(missing_ok=True)
+        _write_json(local_path, remote)
 
     def _existing_files(self, stage: str, source: str | None) -> list[str]:
         files = self.parquet_files(stage, source)
@@ -217,6 +296,49 @@ def read_batches(
             yield pa.Table.from_batches([batch], schema=schema)
         if not emitted:
             yield schema.empty_table()
+
+
+def default_cache_dir(url: str) -> Path:
+    """Where an object-store lake's artefacts are mirrored on this machine: `$MOE_DAG_LAKE_CACHE`, else
+    under `~/.cache/moe_dag/lakes`, one folder per lake URL."""
+    base = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "moe_dag" / "lakes")
+    return base / hashlib.sha256(url.encode()).hexdigest()[:16]
+
+
+@dataclasses.dataclass(frozen=True)
+class LakeArtifact:
+    """A stage's artefact folder named by lake URL, for processes that may run on another machine (Ray
+    actors): used as a path (`os.fspath`), it is that machine's local copy of the published version."""
+
+    lake_url: str
+    stage: str
+
+    def __fspath__(self) -> str:
+        return str(Lake(self.lake_url).artifact_dir(self.stage))
+
+
+def _folder_manifest(folder: Path) -> dict[str, Any]:
+    files = {}
+    for path in sorted(folder.rglob("*")):
+        relative = path.relative_to(folder).as_posix()
+        hidden = any(part.startswith(".") for part in path.relative_to(folder).parts)
+        if path.is_file() and not hidden and relative != ARTIFACT_MANIFEST:
+            files[relative] = {"size": path.stat().st_size, "sha256": _file_sha256(path)}
+    version = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:16]
+    return {"version": version, "files": files}
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _write_json(path: Path, value: dict[str, Any]) -> None:
+    with atomic_path(path) as partial:
+        partial.write_text(json.dumps(value, sort_keys=True))
 
 
 def _stem(path: str) -> str:
