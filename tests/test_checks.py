@@ -348,10 +348,10 @@ def test_slice_counts_read_the_keep_column(tmp_path):
     assert slice_counts(lake, "raw", "s") == (2, 2)
 
 
-def test_every_check_in_the_readme_table_is_declared_with_its_blocking_flag():
+def test_every_check_in_the_operating_table_is_declared_with_its_blocking_flag():
     graph = build_definitions("configs/demo.yaml").resolve_asset_graph()
     declared = {(k.asset_key.to_user_string(), k.name): graph.get(k).blocking for k in graph.asset_check_keys}
-    table = Path("README.md").read_text().split("### Checks", 1)[1].split("\n###", 1)[0]
+    table = Path("docs/operating.md").read_text().split("## Checks", 1)[1].split("\n## ", 1)[0]
     documented, previous = {}, ""
     for row in table.splitlines():
         cells = [cell.strip() for cell in row.strip("|").split("|")]
