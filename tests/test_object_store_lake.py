@@ -108,7 +108,10 @@ def test_heads_published_to_s3_load_on_another_machine_and_follow_new_versions(s
     stored = load_heads(reader.artifact_dir("quality_heads"))
     assert stored.version == version and stored.thresholds == thresholds
     # A Ray actor on another node names the folder by lake URL and gets its own local copy.
-    assert load_heads(LakeArtifact(s3_lake_url, "quality_heads")).version == version
+    assert (
+        load_heads(LakeArtifact(s3_lake_url, "quality_heads", cache_dir=str(tmp_path / "node"))).version
+        == version
+    )
 
     new_thresholds = {"web": Thresholds(tau_drop=0.1, tau_keep=0.9)}
     with writer.writing_artifact("quality_heads") as folder:

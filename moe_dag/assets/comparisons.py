@@ -85,8 +85,8 @@ def unfiltered_mixture(pipeline: PipelineResource) -> dg.MaterializeResult:
         config.mixture, total_tokens=curated["total_tokens"], heldout_fraction=0.0, heldout_min_documents=0
     )
     tokenizer = load_tokenizer(lake.artifact_dir("tokenizer") / TOKENIZER_FILE)
-    out_dir = lake.artifact_dir("unfiltered_mixture")
-    report = build_mixture(documents, tokenizer, recipe, out_dir)
+    with lake.writing_artifact("unfiltered_mixture") as out_dir:
+        report = build_mixture(documents, tokenizer, recipe, out_dir)
     return dg.MaterializeResult(
         metadata={
             "sequences": report["num_sequences"],
@@ -118,10 +118,11 @@ def curation_gain(context: dg.AssetExecutionContext, pipeline: PipelineResource)
     curated held-out documents: gain = unfiltered bits per byte - curated bits per byte."""
     lake, launch = pipeline.lake, pipeline.config.training
     data_dir = lake.artifact_dir("unfiltered_mixture")
-    run_dir = run_dir_for(data_dir, launch, lake.artifact_dir("curation_gain"))
-    launch_training(context, launch, data_dir, run_dir, eval_on=lake.artifact_dir("tokenized_mixture"))
-    proxy_run = latest_run(lake.artifact_dir("moe_proxy"))
-    return _comparison(pipeline, proxy_run, run_dir, "curated", "unfiltered", "curation gain")
+    with lake.writing_artifact("curation_gain") as runs:
+        run_dir = run_dir_for(data_dir, launch, runs)
+        launch_training(context, launch, data_dir, run_dir, eval_on=lake.artifact_dir("tokenized_mixture"))
+        proxy_run = latest_run(lake.artifact_dir("moe_proxy"))
+        return _comparison(pipeline, proxy_run, run_dir, "curated", "unfiltered", "curation gain")
 
 
 @dg.asset(
@@ -144,11 +145,12 @@ def moe_gain(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> d
     lake, launch = pipeline.lake, pipeline.config.training
     dense = launch.with_overrides(dense_overrides(launch.resolved.model))
     data_dir = lake.artifact_dir("tokenized_mixture")
-    run_dir = run_dir_for(data_dir, dense, lake.artifact_dir("moe_gain"))
-    launch_training(context, dense, data_dir, run_dir, eval_on=data_dir)
-    return _comparison(
-        pipeline, latest_run(lake.artifact_dir("moe_proxy")), run_dir, "MoE", "dense", "MoE gain"
-    )
+    with lake.writing_artifact("moe_gain") as runs:
+        run_dir = run_dir_for(data_dir, dense, runs)
+        launch_training(context, dense, data_dir, run_dir, eval_on=data_dir)
+        return _comparison(
+            pipeline, latest_run(lake.artifact_dir("moe_proxy")), run_dir, "MoE", "dense", "MoE gain"
+        )
 
 
 def _comparison(

@@ -100,6 +100,7 @@ def evaluation_sets(pipeline: PipelineResource) -> dg.MaterializeResult:
         )
     if listed:
         lake.write_table(pa.concat_tables(listed), SET_DOCUMENTS_STAGE)
+    lake.publish_artifact("evaluation_sets")
     return dg.MaterializeResult(
         metadata={
             "sets": dg.MetadataValue.json(

@@ -44,16 +44,17 @@ def quality_heads(context: dg.AssetExecutionContext, pipeline: PipelineResource)
     """
     config, lake = pipeline.config, pipeline.lake
     started = time.perf_counter()
-    heads = distil_heads(
-        labelled_documents(lake.read_table("oracle_labels"), lake.read_table("oracle_sample")),
-        lake.read_table("calibration_sample"),
-        lake.artifact_dir("quality_heads"),
-        rubrics={name: rubric_for_kind(kind).name for name, kind in config.source_kinds.items()},
-        keep_rates={source.name: source.keep_rate for source in config.sources},
-        backbone_config=config.backbone,
-        train_config=config.heads,
-        calibration_config=config.calibration,
-    )
+    with lake.writing_artifact("quality_heads") as heads_dir:
+        heads = distil_heads(
+            labelled_documents(lake.read_table("oracle_labels"), lake.read_table("oracle_sample")),
+            lake.read_table("calibration_sample"),
+            heads_dir,
+            rubrics={name: rubric_for_kind(kind).name for name, kind in config.source_kinds.items()},
+            keep_rates={source.name: source.keep_rate for source in config.sources},
+            backbone_config=config.backbone,
+            train_config=config.heads,
+            calibration_config=config.calibration,
+        )
     metrics, heldout = heads.metrics, heads.heldout
     for warning in heads.calibration_warnings:
         context.log.warning(f"quality_heads calibration: {warning}")

@@ -10,7 +10,6 @@ from its ids (`heldout_cut`), so the tokenizer and the token shards agree on it.
 import functools
 import hashlib
 from collections.abc import Iterator
-from pathlib import Path
 
 import dagster as dg
 import pyarrow as pa
@@ -62,8 +61,8 @@ def tokenizer(pipeline: PipelineResource) -> dg.MaterializeResult:
                 yield from train["text"].to_pylist()
 
     trained = train_tokenizer(texts(), pipeline.config.tokenizer)
-    path = lake.artifact_dir("tokenizer") / TOKENIZER_FILE
-    save_tokenizer(trained, path)
+    with lake.writing_artifact("tokenizer") as folder:
+        path = save_tokenizer(trained, folder / TOKENIZER_FILE)
     return dg.MaterializeResult(
         metadata={
             "vocab_size": trained.get_vocab_size(),
@@ -80,7 +79,7 @@ def _tokenize_sources(
     lake, config = pipeline.lake, pipeline.config.mixture
     cuts = _heldout_cuts(pipeline)
     excluded = excluded_ids(lake)
-    tokenizer_path = str(lake.artifact_dir("tokenizer") / TOKENIZER_FILE)
+    tokenizer_path = lake.artifact("tokenizer", TOKENIZER_FILE)  # a local copy on each Ray worker
     spec = StageSpec(
         outputs=(TOKENS_STAGE, HELDOUT_STAGE),
         make_work=functools.partial(
@@ -100,7 +99,7 @@ def _tokenize_sources(
     sources, heldout = {}, [HELDOUT_SCHEMA.empty_table()]
     for name in sorted(pipeline.config.source_names):
         run = ray.run_stage(context, spec, lake, name, upstream_inputs(lake, "scored_documents", name))
-        folder = Path(lake.dataset_dir(TOKENS_STAGE, name))
+        folder = lake.local_slice(TOKENS_STAGE, name)
         sources[name] = SourceTokens(name, [TokenShard.open(folder, key) for key in run.records])
         heldout.append(lake.read_table(HELDOUT_STAGE, name))
     return sources, pa.concat_tables(heldout)
@@ -155,10 +154,10 @@ def tokenized_mixture(
     lake = pipeline.lake
     trained = load_tokenizer(lake.artifact_dir("tokenizer") / TOKENIZER_FILE)
     sources, heldout = _tokenize_sources(context, pipeline, ray, trained)
-    out_dir = lake.artifact_dir("tokenized_mixture")
     vocab_size = trained.get_vocab_size(with_added_tokens=True)
     eos = eos_id(trained, pipeline.config.mixture.eos_token)
-    report = pack_mixture(sources, heldout, vocab_size, eos, pipeline.config.mixture, out_dir)
+    with lake.writing_artifact("tokenized_mixture") as out_dir:
+        report = pack_mixture(sources, heldout, vocab_size, eos, pipeline.config.mixture, out_dir)
     for warning in report["warnings"]:
         context.log.warning(f"tokenized_mixture: {warning}")
     shares = report["sources"]

@@ -63,7 +63,7 @@ def _shards(pipeline: PipelineResource) -> dict[str, SourceTokens]:
     """Every source's token shards as `tokenized_mixture` left them in the lake."""
     shards = {}
     for name in sorted(pipeline.config.source_names):
-        folder = Path(pipeline.lake.dataset_dir(TOKENS_STAGE, name))
+        folder = pipeline.lake.local_slice(TOKENS_STAGE, name)
         keys = sorted(path.name.removesuffix(".index.parquet") for path in folder.glob("*.index.parquet"))
         if not keys:
             raise dg.Failure(
@@ -127,6 +127,7 @@ def mixture_candidates(context: dg.AssetExecutionContext, pipeline: PipelineReso
     (folder / "candidates.json").write_text(
         json.dumps({"budget": budget, "candidates": candidates}, indent=2)
     )
+    pipeline.lake.publish_artifact("mixture_search")
     instance = context.instance
     stale = set(instance.get_dynamic_partitions(CANDIDATES.name)) - set(candidates)
     for key in sorted(stale):
@@ -177,6 +178,7 @@ def _train_on(
     }
     (folder / "results").mkdir(parents=True, exist_ok=True)
     (folder / "results" / f"{name}.json").write_text(json.dumps(result, indent=2))
+    lake.publish_artifact("mixture_search")
     return result
 
 
@@ -245,6 +247,7 @@ def mixture_proposal(pipeline: PipelineResource) -> dg.MaterializeResult:
             indent=2,
         )
     )
+    pipeline.lake.publish_artifact("mixture_search")
     low, high = (
         float(min(losses[AVERAGE].min(), fit.loo_predictions.min())),
         float(max(losses[AVERAGE].max(), fit.loo_predictions.max())),
@@ -309,6 +312,7 @@ def mixture_validation(context: dg.AssetExecutionContext, pipeline: PipelineReso
         "gain_resolved": not paired[1][0] <= 0 <= paired[1][1],
     }
     (folder / "validation.json").write_text(json.dumps(validation, indent=2))
+    pipeline.lake.publish_artifact("mixture_search")
     return dg.MaterializeResult(
         metadata={
             key: dg.MetadataValue.json(value) if isinstance(value, (list, tuple)) else value

@@ -53,7 +53,8 @@ def scored_documents(
     context: dg.AssetExecutionContext, pipeline: PipelineResource, ray: RayResource
 ) -> dg.MaterializeResult:
     source, config = context.partition_key, pipeline.config
-    heads_dir = pipeline.lake.artifact_dir("quality_heads")
+    # Each scoring actor (on any node) reads its own local copy of the published heads.
+    heads_dir = pipeline.lake.artifact("quality_heads")
     stored = load_heads(heads_dir)
     if source not in stored.thresholds:
         raise dg.Failure(
@@ -61,7 +62,7 @@ def scored_documents(
         )
     spec = StageSpec(
         outputs=("scored_documents",),
-        make_work=functools.partial(ScoringWork, str(heads_dir), source),
+        make_work=functools.partial(ScoringWork, heads_dir, source),
         # Shards scored by the current heads with the current thresholds are not scored again; a new
         # heads version or new thresholds rescore every shard.
         params=repr((stored.version, stored.thresholds[source])),

@@ -56,8 +56,9 @@ def moe_proxy(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> 
     lake = pipeline.lake
     data_dir = lake.artifact_dir("tokenized_mixture")
     launch = pipeline.config.training
-    out_dir = run_dir_for(data_dir, launch, lake.artifact_dir("moe_proxy"))
-    metadata = launch_training(context, launch, data_dir, out_dir, eval_on=data_dir)
+    with lake.writing_artifact("moe_proxy") as runs:
+        out_dir = run_dir_for(data_dir, launch, runs)
+        metadata = launch_training(context, launch, data_dir, out_dir, eval_on=data_dir)
     return dg.MaterializeResult(
         metadata={**metadata, **run_plots(out_dir)},
         check_results=training_check_results(out_dir, pipeline.config.checks),

@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import posixpath
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from moe_dag.data.atomic import TEMPORARY_PREFIX, atomic_path, atomic_write
+from moe_dag.data.atomic import TEMPORARY_PREFIX, atomic_path, atomic_write, temporary_name
 
 PART_NAME = "part-00000.parquet"
 RECORDS_DIR = "_done"
@@ -40,6 +41,8 @@ BATCH_ROWS = 2048
 ARTIFACT_MANIFEST = "_artifact.json"
 # The version the local mirror holds (hidden: never listed, never uploaded).
 LOCAL_MANIFEST = ".artifact.json"
+# The remote files a local mirror of a slice holds (size and modification time or ETag by name).
+LOCAL_SLICE_INDEX = ".slice.json"
 CACHE_ENV = "MOE_DAG_LAKE_CACHE"
 
 
@@ -225,10 +228,60 @@ class Lake:
         yield folder
         self.publish_artifact(stage)
 
+    def artifact(self, stage: str, name: str = "") -> LakeArtifact:
+        """The stage's artefact folder (or `name` inside it) as a path another process can resolve."""
+        return LakeArtifact(self.root if self.is_local else self.url, stage, name, str(self.cache_dir))
+
     def artifact_version(self, stage: str) -> str | None:
         """The published version of a stage's artefacts on an object-store lake (None if never
         published, and on a local lake, whose folder is always current)."""
         return None if self.is_local else self._remote_manifest(stage)["version"]
+
+    def local_slice(self, stage: str, source: str | None = None) -> Path:
+        """A local folder with the files of a slice, for readers that need paths (token shards are
+        memory-mapped). A local lake's own folder; for an object-store lake a mirror in the cache, with
+        the files that changed since the last call downloaded (by size and modification time or ETag)."""
+        if self.is_local:
+            return Path(self.dataset_dir(stage, source))
+        remote_folder = self.dataset_dir(stage, source)
+        folder = self.cache_dir / posixpath.relpath(remote_folder, self.root)
+        folder.mkdir(parents=True, exist_ok=True)
+        index_path = folder / LOCAL_SLICE_INDEX
+        held = json.loads(index_path.read_text()) if index_path.exists() else {}
+        current = {}
+        for info in self.fs.ls(remote_folder, detail=True):
+            name = posixpath.basename(info["name"])
+            if info["type"] != "file" or name.startswith("."):
+                continue
+            current[name] = (
+                f"{info.get('size')}:{info.get('mtime') or info.get('ETag') or info.get('LastModified')}"
+            )
+            if held.get(name) != current[name] or not (folder / name).exists():
+                with atomic_path(folder / name) as partial:
+                    self.fs.get_file(info["name"], str(partial))
+        for name in set(held) - set(current):
+            (folder / name).unlink(missing_ok=True)
+        _write_json(index_path, current)
+        return folder
+
+    @contextlib.contextmanager
+    def local_file_for_writing(self, path: str) -> Iterator[Path]:
+        """A local temporary path for a lake file written by a library that takes a path; on success it
+        becomes `path` (renamed on a local lake, uploaded under a temporary name and moved on an
+        object-store lake)."""
+        if self.is_local:
+            with atomic_path(path) as partial:
+                yield partial
+            return
+        staging = self.cache_dir / ".staging"
+        staging.mkdir(parents=True, exist_ok=True)
+        partial = Path(temporary_name(str(staging / posixpath.basename(path))))
+        try:
+            yield partial
+            with partial.open("rb") as source, atomic_write(path, self.fs) as handle:
+                shutil.copyfileobj(source, handle, 1 << 20)
+        finally:
+            partial.unlink(missing_ok=True)
 
     def _remote_manifest(self, stage: str) -> dict[str, Any]:
         try:
@@ -312,9 +365,11 @@ class LakeArtifact:
 
     lake_url: str
     stage: str
+    name: str = ""  # a file or folder inside the stage's folder
+    cache_dir: str | None = None
 
     def __fspath__(self) -> str:
-        return str(Lake(self.lake_url).artifact_dir(self.stage))
+        return str(Lake(self.lake_url, self.cache_dir).artifact_dir(self.stage) / self.name)
 
 
 def _folder_manifest(folder: Path) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from moe_dag.data.atomic import atomic_path, atomic_write
+from moe_dag.data.atomic import atomic_write
 from moe_dag.data.engine.shards import ShardInput, file_sizes, shard_digest
 from moe_dag.data.lake import Lake
 
@@ -98,7 +98,7 @@ class ShardOutput:
         """A temporary local path for a file that takes a path to write (`<key><suffix>` at commit)."""
         final = self.lake.shard_path(stage, self.source, self.key, suffix)
         self._paths.append(final)
-        return self._stack.enter_context(atomic_path(final))
+        return self._stack.enter_context(self.lake.local_file_for_writing(final))
 
     def sizes(self) -> dict[str, int]:
         """Bytes of each file committed, by path below the lake root: what the completion record

@@ -14,6 +14,7 @@ reconciliation.
 from __future__ import annotations
 
 import dataclasses
+import os
 import posixpath
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -135,7 +136,7 @@ class ScoringWork(ShardWork):
     Rows of the shard's previous output that the current heads already scored are reused and only
     decided again (new thresholds do not need the backbone); the rest are scored."""
 
-    def __init__(self, heads_dir: str, source: str) -> None:
+    def __init__(self, heads_dir: str | os.PathLike[str], source: str) -> None:
         from moe_dag.data.heads import load_heads
 
         self.stored = load_heads(heads_dir)
@@ -193,7 +194,7 @@ class TokenizeWork(ShardWork):
         self,
         tokens_stage: str,
         heldout_stage: str,
-        tokenizer_path: str,
+        tokenizer_path: str | os.PathLike[str],  # a LakeArtifact on an object-store lake
         eos_token: str,
         heldout_cuts: dict[str, int | None],
         excluded_ids: frozenset[str] = frozenset(),  # the neutral set and its copies (neutral.py)
