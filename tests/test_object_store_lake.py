@@ -163,3 +163,32 @@ def test_catalog_views_read_tables_of_an_s3_lake(s3_lake_url, tmp_path):
     assert catalog.refresh({"stage": True, "missing": False}) == ["stage"]
     rows = catalog.query_arrow("SELECT source, count(*) AS n FROM stage GROUP BY source ORDER BY source")
     assert rows.to_pylist() == [{"source": "a", "n": 2}, {"source": "b", "n": 1}]
+
+
+@pytest.mark.slow
+def test_curation_and_dedup_on_an_s3_lake_equal_a_local_lake(s3_lake_url, tmp_path):
+    """The per-source curation stages, dedup clustering and the dedup apply of the tiny two-source
+    corpus, materialised by Dagster (Ray workers included) on the S3 lake and on a local one."""
+    import dagster as dg
+    import yaml
+
+    from moe_dag.orchestration.definitions import build_definitions
+    from tests.test_dedup_backfill import SOURCES, full_run, pipeline_config, sentence_text, write_shard
+
+    corpus = tmp_path / "corpus"
+    write_shard(corpus / "a", "shard-0", {f"a{i}": sentence_text(i) for i in range(3)})
+    write_shard(corpus / "b", "shard-0", {f"b{i}": sentence_text(10 + i) for i in range(3)})
+    kept = {}
+    for name in ("local", "s3"):
+        config_path = pipeline_config(tmp_path, corpus, name)
+        if name == "s3":
+            raw = yaml.safe_load(config_path.read_text())
+            config_path.write_text(yaml.safe_dump({**raw, "lake_root": s3_lake_url}))
+        full_run(build_definitions(config_path), dg.DagsterInstance.ephemeral())
+        lake = Lake(yaml.safe_load(config_path.read_text())["lake_root"])
+        kept[name] = {
+            source: lake.read_table("deduplicated", source, columns=["id", "keep"]).to_pylist()
+            for source in SOURCES
+        }
+    assert kept["s3"] == kept["local"]
+    assert sum(row["keep"] for rows in kept["s3"].values() for row in rows) == 6

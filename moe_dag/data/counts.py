@@ -92,10 +92,8 @@ def lines_in_lake(lake: Lake, stages: Iterable[str], source: str) -> dict[str, i
     if not files:
         return {}
     with duckdb.connect() as con:
-        if not lake.is_local:
-            con.register_filesystem(lake.fs)
         query = "SELECT shard, count(DISTINCT line) FROM read_parquet(?, union_by_name = true) GROUP BY shard"
-        return dict(con.execute(query, [files]).fetchall())
+        return dict(con.execute(query, [lake.duckdb_paths(con, files)]).fetchall())
 
 
 def slice_counts(lake: Lake, stage: str, source: str) -> tuple[int, int]:

@@ -69,9 +69,7 @@ def quarantine_repeated_ids(lake: Lake, source: str) -> int:
     if not files:
         return 0
     with duckdb.connect() as con:
-        if not lake.is_local:
-            con.register_filesystem(lake.fs)
-        repeats = con.sql(REPEATS_SQL, params=[files]).to_arrow_table()
+        repeats = con.sql(REPEATS_SQL, params=[lake.duckdb_paths(con, files)]).to_arrow_table()
     if not repeats.num_rows:
         return 0
     key_of = {record["input"]: key for key, record in lake.records("raw_documents", source).items()}

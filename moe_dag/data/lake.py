@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -76,6 +77,16 @@ class Lake:
         """The paths in `folder` that match `pattern`. The folder is taken literally: a root such as
         `runs[1]/lake` holds glob characters that would otherwise match nothing (or something else)."""
         return self.fs.glob(posixpath.join(glob.escape(folder), pattern))
+
+    def duckdb_paths(self, con: Any, paths: list[str]) -> list[str]:
+        """`paths` of this lake as DuckDB connection `con` can read them: an object-store lake's
+        filesystem is registered with it (its storage settings included, no httpfs download) and each
+        path carries the protocol that routes it there."""
+        if self.is_local:
+            return paths
+        if self.fs.protocol[0] not in con.list_filesystems():
+            con.register_filesystem(self.fs)
+        return [f"{self.fs.protocol[0]}://{path}" for path in paths]
 
     def parquet_files(self, stage: str, source: str | None = None) -> list[str]:
         """The data files of one slice (a source of a stage, or a global stage), sorted by name."""
@@ -349,6 +360,18 @@ def read_batches(
             yield pa.Table.from_batches([batch], schema=schema)
         if not emitted:
             yield schema.empty_table()
+
+
+def duckdb_reading(files: object) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection that can read `files` (a path or glob, a list of them, or
+    anything else, which needs nothing): the fsspec filesystem of each object-store URL among them is
+    registered, with fsspec's configured storage settings, so DuckDB needs no httpfs extension."""
+    con = duckdb.connect()
+    paths = [files] if isinstance(files, str) else files if isinstance(files, (list, tuple)) else []
+    for protocol in sorted({str(p).split("://", 1)[0] for p in paths if "://" in str(p)} - {"file"}):
+        if protocol not in con.list_filesystems():
+            con.register_filesystem(fsspec.filesystem(protocol))
+    return con
 
 
 def default_cache_dir(url: str) -> Path:

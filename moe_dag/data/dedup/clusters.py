@@ -43,7 +43,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from moe_dag.data.dedup.minhash import MinHashConfig
-from moe_dag.data.lake import read_batches
+from moe_dag.data.lake import duckdb_reading, read_batches
 from moe_dag.data.schema import with_decisions
 
 CLUSTER_SCHEMA = pa.schema(
@@ -94,7 +94,7 @@ def signature_rows(signatures: Signatures) -> int:
     if isinstance(signatures, pa.Table):
         return signatures.num_rows
     files = [signatures] if isinstance(signatures, str) else list(signatures)
-    with duckdb.connect() as con:
+    with duckdb_reading(files) as con:
         return con.read_parquet(files).count("*").fetchall()[0][0]
 
 
@@ -129,7 +129,7 @@ def cluster_versions(clusters: pa.Table | str | Sequence[str]) -> dict[str, str]
 
 def version_parts(clusters: pa.Table | str | Sequence[str]) -> dict[str, tuple[int, int]]:
     """Per source, (rows, XOR of the rows' MD5s): parts of disjoint rows combine by sum and XOR."""
-    with duckdb.connect() as con:
+    with duckdb_reading(clusters) as con:
         clusters_view(con, clusters)
         rows = con.execute(
             """
@@ -155,7 +155,7 @@ def clusters_view(con: duckdb.DuckDBPyConnection, clusters: pa.Table | str | Seq
 
 def cluster_row_counts(clusters: pa.Table | str | Sequence[str]) -> tuple[int, int]:
     """(rows, distinct ids) of a clusters table or files, counted by DuckDB (out of core)."""
-    with duckdb.connect() as con:
+    with duckdb_reading(clusters) as con:
         clusters_view(con, clusters)
         rows, distinct = con.execute("SELECT count(*), count(DISTINCT id) FROM clusters").fetchone()
     return int(rows), int(distinct)

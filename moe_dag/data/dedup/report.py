@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import duckdb
 import pyarrow as pa
 
 from moe_dag.data.dedup.clusters import clusters_view
+from moe_dag.data.lake import duckdb_reading
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class DuplicateReport:
 
 def duplicate_report(clusters: pa.Table | str | Sequence[str]) -> DuplicateReport:
     """Summaries of a `CLUSTER_SCHEMA` table or its parquet files, computed by DuckDB."""
-    with duckdb.connect() as con:
+    with duckdb_reading(clusters) as con:
         clusters_view(con, clusters)
         sizes = con.execute(
             """
