@@ -4,6 +4,7 @@ and read back through a second machine's empty cache."""
 
 from __future__ import annotations
 
+import functools
 import socket
 
 import numpy as np
@@ -153,6 +154,42 @@ def test_tokenizer_and_token_shard_on_s3_are_memory_mapped_from_the_local_copy(s
     assert isinstance(shard.tokens, np.memmap)
     assert len(shard) == len(written) == len(TEXTS)
     assert all(np.array_equal(shard.document(i), written.document(i)) for i in range(len(TEXTS)))
+
+
+def test_a_token_shard_written_by_a_stage_on_s3_is_memory_mapped_from_the_local_slice(s3_lake_url, tmp_path):
+    """The engine's files written by path (token shards) go to the lake through a local staging file;
+    readers memory-map the slice's local copy, refreshed when a shard is rewritten."""
+    from moe_dag.data.engine.shards import ShardInput
+    from moe_dag.data.engine.stage import ShardWork, StageSpec, process_shard
+    from moe_dag.data.mixture.token_shards import TokenShardWriter
+
+    tokenizer = train_tokenizer(TEXTS, TokenizerConfig(vocab_size=300))
+
+    class Tokenize(ShardWork):
+        def __init__(self, texts: list[str]) -> None:
+            self.texts = texts
+
+        def process(self, shard, out):
+            writer = TokenShardWriter(
+                tokenizer, 0, out.local_path("tokens", ".bin"), out.local_path("tokens", ".index.parquet")
+            )
+            with writer:
+                writer.write(pa.table({"id": [str(i) for i in range(len(self.texts))], "text": self.texts}))
+            return {"documents": len(self.texts)}
+
+    lake = Lake(s3_lake_url)
+    shard = ShardInput(key="s0", path="corpus/s0.jsonl", fingerprint="f0")
+    for texts in (TEXTS[:5], TEXTS[5:8]):  # the second run rewrites the shard
+        spec = StageSpec(outputs=("tokens",), make_work=functools.partial(Tokenize, texts))
+        result = process_shard(spec, spec.make_work(), lake, "web", shard)
+        assert "error" not in result, result
+        assert lake.fs.exists(lake.shard_path("tokens", "web", "s0", ".bin"))
+        local = other_machine(s3_lake_url, tmp_path, "reader").local_slice("tokens", "web")
+        read_back = TokenShard.open(local, "s0")
+        assert isinstance(read_back.tokens, np.memmap) and len(read_back) == len(texts)
+        expected = tokenizer.encode(texts[1]).ids + [0]
+        assert read_back.document(1).tolist() == expected
+    assert not list((Lake(s3_lake_url).cache_dir / ".staging").iterdir())  # no staging file left
 
 
 def test_catalog_views_read_tables_of_an_s3_lake(s3_lake_url, tmp_path):
