@@ -16,7 +16,6 @@ def format_summary(config: PipelineConfig) -> str:
     the summary of a partial run shows what exists instead of stopping at what does not."""
     lake = Lake(config.lake_root)
     catalog = Catalog(config.catalog_path, lake)
-    root = Path(lake.root)
     lines = ["", "== moe-dag summary =="]
     lines += _section(
         "documents per stage", "document_catalog", lambda: _funnel(catalog, config.source_names)
@@ -27,13 +26,19 @@ def format_summary(config: PipelineConfig) -> str:
         "injected noise", "toxicity_filtered, document_catalog", lambda: _injected_noise(catalog)
     )
     lines += _section(
-        "quality heads", "quality_heads, scored_documents", lambda: _heads(root / "quality_heads", catalog)
+        "quality heads",
+        "quality_heads, scored_documents",
+        lambda: _heads(lake.artifact_dir("quality_heads"), catalog),
     )
     lines += _section(
-        "mixture", "tokenized_mixture", lambda: _mixture(root / "tokenized_mixture" / "mixture.json")
+        "mixture",
+        "tokenized_mixture",
+        lambda: _mixture(lake.artifact_dir("tokenized_mixture") / "mixture.json"),
     )
-    lines += _section("proxy evaluation", "proxy_eval", lambda: _evaluation(catalog, root / "moe_proxy"))
-    lines += _section("comparisons", "curation_gain, moe_gain", lambda: _comparisons(root))
+    lines += _section(
+        "proxy evaluation", "proxy_eval", lambda: _evaluation(catalog, lake.artifact_dir("moe_proxy"))
+    )
+    lines += _section("comparisons", "curation_gain, moe_gain", lambda: _comparisons(lake))
     lines.append(f"catalog: {catalog.path}  (try: .venv/bin/moe-dag query 'SELECT * FROM stage_funnel')")
     return "\n".join(lines)
 
@@ -202,13 +207,15 @@ COMPARISONS = {
 }
 
 
-def _comparisons(lake_root: Path) -> list[str]:
+def _comparisons(lake: Lake) -> list[str]:
+    """Artefact folders are read through the lake: a local copy of an object-store lake's runs."""
     lines = []
     for asset, meaning in COMPARISONS.items():
-        pointer = lake_root / asset / "latest"
+        runs = lake.artifact_dir(asset)
+        pointer = runs / "latest"
         if not pointer.exists():
             continue
-        gains = json.loads((lake_root / asset / pointer.read_text().strip() / "comparison.json").read_text())
+        gains = json.loads((runs / pointer.read_text().strip() / "comparison.json").read_text())
         low, high = gains["overall"]["gain_ci"]
         lines.append(
             f"{meaning}: {gains['overall']['gain']:+.3f} bits per byte "
