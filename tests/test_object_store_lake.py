@@ -65,7 +65,8 @@ def s3_lake_url(s3_endpoint, monkeypatch, tmp_path):
         fs.mkdir(BUCKET)
     prefix = f"{BUCKET}/lake-{tmp_path.name}"
     yield f"s3://{prefix}"
-    fs.rm(prefix, recursive=True) if fs.exists(prefix) else None
+    if fs.exists(prefix):
+        fs.rm(prefix, recursive=True)
     s3fs.S3FileSystem.clear_instance_cache()
 
 
