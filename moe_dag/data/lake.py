@@ -260,7 +260,10 @@ class Lake:
         index_path = folder / LOCAL_SLICE_INDEX
         held = json.loads(index_path.read_text()) if index_path.exists() else {}
         current = {}
-        for info in self.fs.ls(remote_folder, detail=True):
+        # Another process (a Ray worker) may have rewritten a shard since this one listed the folder.
+        self.fs.invalidate_cache(remote_folder)
+        listed = self.fs.ls(remote_folder, detail=True) if self.fs.exists(remote_folder) else []
+        for info in listed:
             name = posixpath.basename(info["name"])
             if info["type"] != "file" or name.startswith("."):
                 continue
@@ -295,8 +298,10 @@ class Lake:
             partial.unlink(missing_ok=True)
 
     def _remote_manifest(self, stage: str) -> dict[str, Any]:
+        path = posixpath.join(self.root, stage, ARTIFACT_MANIFEST)
+        self.fs.invalidate_cache(path)  # another machine may have published since this process looked
         try:
-            with self.fs.open(posixpath.join(self.root, stage, ARTIFACT_MANIFEST), "rb") as handle:
+            with self.fs.open(path, "rb") as handle:
                 return json.loads(handle.read())
         except FileNotFoundError:
             return {"version": None, "files": {}}
