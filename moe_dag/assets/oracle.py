@@ -52,9 +52,10 @@ def oracle_sample(pipeline: PipelineResource) -> dg.MaterializeResult:
             "calibration": calibration.num_rows,
             "needed": needed,
         }
-    sample = pa.concat_tables(to_label)
+    # A source without language ID has no language column: its rows get a null language.
+    sample = pa.concat_tables(to_label, promote_options="permissive")
     lake.write_table(sample, "oracle_sample")
-    lake.write_table(pa.concat_tables(to_calibrate), "calibration_sample")
+    lake.write_table(pa.concat_tables(to_calibrate, promote_options="permissive"), "calibration_sample")
     return dg.MaterializeResult(
         metadata={
             "documents": sample.num_rows,
