@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import pickle
 
@@ -10,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from moe_dag.data.filters import PrefilterConfig, build_prefilters, fit_to_source, run_filters
-from moe_dag.data.filters.perplexity import NgramLanguageModel, PerplexityConfig, PerplexityFilter
+from moe_dag.data.filters.perplexity import NgramLanguageModel, PerplexityConfig, PerplexityFilter, _words
 from moe_dag.data.filters.prefilter import perplexity_filter
 
 SENTENCES = [
@@ -104,3 +105,77 @@ def test_only_filters_that_cut_on_the_source_can_be_fitted():
     rule = build_prefilters(PrefilterConfig(), "web", None)[0]
     with pytest.raises(TypeError, match="nothing to fit"):
         rule.fit(["text"])
+
+
+GERMAN = [
+    "Der Fluss fließt durch die alte Stadt und an der Mühle vorbei.",
+    "Der Bäcker öffnete die Läden und heizte den Ofen vor dem Morgengrauen.",
+    "Kinder gingen auf dem Weg zur Schule am Fluss entlang.",
+    "Im Winter fror der Fluss zu und die Stadt kam zum Schlittschuhlaufen.",
+    "Die Mühle stand dreihundert Jahre lang am Fluss.",
+]
+
+
+def two_language_source() -> pa.Table:
+    """150 English documents and 30 German ones, each German one with rarer words (a numbered entry
+    spelt out differently every time), so German scores above English throughout."""
+    english = [SENTENCES[i % 5] + f" Entry {i}." for i in range(150)]
+    german = [f"{GERMAN[i % 5]} {GERMAN[(i + 2) % 5]} Eintrag{i}x{i * 7}q." for i in range(30)]
+    return pa.table({"text": english + german, "language": ["en"] * 150 + ["de"] * 30})
+
+
+def kept_share(out: pa.Table, language: str) -> float:
+    rows = [
+        keep
+        for keep, lang in zip(out["keep"].to_pylist(), out["language"].to_pylist(), strict=True)
+        if lang == language
+    ]
+    return sum(rows) / len(rows)
+
+
+def test_each_language_is_cut_about_its_own_distribution():
+    table = two_language_source()
+    cut = PerplexityFilter(low_percentile=5.0, high_percentile=90.0)
+    out, _ = run_filters(table, [cut])
+    perplexity = np.array(out["perplexity"].to_pylist())
+    assert perplexity[150:].min() > np.median(perplexity[:150])  # German scores above English
+
+    # One cut over the pooled scores takes its upper tail from German.
+    source_wide = PerplexityFilter(low_percentile=5.0, high_percentile=90.0)
+    pooled, _ = run_filters(table.drop_columns(["language"]), [source_wide])
+    assert source_wide.language_cuts == {}
+    assert kept_share(pooled.append_column("language", table["language"]), "de") < 0.5
+
+    # Per language, each loses about its own 15% of tails.
+    assert set(cut.language_cuts) == {"en", "de"}
+    assert out["perplexity_settings"].to_pylist() == table["language"].to_pylist()
+    for language in ("en", "de"):
+        assert 0.7 <= kept_share(out, language) <= 0.95, language
+    assert json.loads(json.dumps(cut.language_cuts)) == {k: list(v) for k, v in cut.language_cuts.items()}
+
+
+def test_languages_too_small_or_absent_take_the_source_wide_cut():
+    table = two_language_source()
+    few = PerplexityFilter(low_percentile=5.0, high_percentile=90.0, min_language_documents=31)
+    out, _ = run_filters(table, [few])
+    assert set(few.language_cuts) == {"en"} and out["perplexity_settings"].to_pylist()[150:] == [None] * 30
+
+    # A source in one language gets exactly the cut over its own scores, as without language ID.
+    english = table.slice(0, 150)
+    with_language = PerplexityFilter(low_percentile=5.0, high_percentile=90.0)
+    without = PerplexityFilter(low_percentile=5.0, high_percentile=90.0)
+    decided, _ = run_filters(english, [with_language])
+    plain, _ = run_filters(english.drop_columns(["language"]), [without])
+    assert with_language.language_cuts == {} and with_language.cuts == without.cuts
+    assert decided["keep"].equals(plain["keep"])
+
+    # fit_to_source hands the filter the language column of the documents that reach it.
+    [fitted] = fit_to_source([PerplexityFilter(low_percentile=5.0, high_percentile=90.0)], [table], 10_000)
+    assert set(fitted.language_cuts) == {"en", "de"}
+
+
+def test_unspaced_scripts_and_combining_marks_tokenise_into_words():
+    # A Chinese clause is one `\w+` run and a Hindi word splits at its vowel signs under a plain `\w+`.
+    assert _words("中文字。") == ["中", "文", "字", "。"]
+    assert _words("हिन्दी भाषा, café") == ["हिन्दी", "भाषा", ",", "café"]
+    assert _words("The river, 3 times.") == ["the", "river", ",", "3", "times", "."]

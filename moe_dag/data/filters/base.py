@@ -49,8 +49,9 @@ class DocumentFilter(ABC):
     def decide(self, text: str, scores: dict[str, Any]) -> str | None:
         """None to keep the document, else the reason code that drops it; `scores` is this row's scores."""
 
-    def fit(self, texts: list[str]) -> DocumentFilter:
-        """A whole-table filter's cuts from the texts of its source that reach it; returns self."""
+    def fit(self, texts: list[str], **inputs: list[Any]) -> DocumentFilter:
+        """A whole-table filter's cuts from the texts of its source that reach it (and their `inputs`
+        columns, where the table has them); returns self."""
         raise TypeError(f"filter {self.name!r} cuts on fixed thresholds: it has nothing to fit")
 
 
@@ -70,11 +71,13 @@ def fit_to_source(
     for position, doc_filter in enumerate(filters):
         if not doc_filter.whole_table:
             continue
-        texts = []
+        texts, inputs = [], {}
         if table is not None and table.num_rows:
             decided, _ = run_filters(table, filters[:position])
-            texts = decided.filter(decided["keep"])["text"].to_pylist()
-        doc_filter.fit(texts)
+            kept = decided.filter(decided["keep"])
+            texts = kept["text"].to_pylist()
+            inputs = {name: kept[name].to_pylist() for name in doc_filter.inputs if name in kept.column_names}
+        doc_filter.fit(texts, **inputs)
     return list(filters)
 
 

@@ -15,6 +15,23 @@ with u' the context without its first word, down to a unigram smoothed over the 
 unknown-word type. Counting and scoring are numpy over integer n-gram keys (sort, unique, searchsorted):
 no Python loop per token.
 
+Words are runs of letters, digits and combining marks (Indic vowel signs are marks, which `\w` leaves
+out), and in scripts written without spaces (Chinese, Japanese, Thai) each letter is a token: otherwise a
+Chinese clause is one unknown "word", and the fixture's Chinese documents scored a median perplexity of
+4e16 against English's 84.
+
+A multilingual source is cut per language. One model of the whole source still scores the languages on
+scales that differ by orders of magnitude, in location and in spread (on the parallel fixture of
+tests/fixtures/multilingual the median log10 perplexity is 1.0 in Chinese, 2.0 in English and 11.9 in
+Telugu, whose words the model mostly spells out; the 10-90% range is 0.6 decades in Chinese and 6.8 in
+Telugu), so a cut over the pooled scores takes its tails from the outlying languages. Each language's log
+perplexities are first moved to the source's median and median absolute deviation, the percentiles are
+taken over those pooled, and each language's cut is that cut moved back to its own median and spread. The
+tails' shape is the source's, since a 1% tail cannot be read from the 15 documents a small language may
+have; location and width are the language's own. A language with fewer than `min_language_documents`
+documents, or a document without a language, is judged by the source-wide cut. A source in one language
+gets exactly the cut over its own scores.
+
 `PerplexityFilter` needs the source's whole distribution before it can cut, so it is a whole-table filter
 (`run_filters` gives it every row still kept at once). Fitted once (`fit`), it is a plain per-document
 filter and pickles small, so a Ray actor can build it from a fitted copy.
@@ -25,14 +42,36 @@ from __future__ import annotations
 import math
 import random
 import re
+import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from moe_dag.data.filters.base import DocumentFilter
+from moe_dag.data.filters.text import _UNSPACED_LETTER
 
-_TOKEN = re.compile(r"\w+|[^\w\s]")
+
+def _combining_marks() -> str:
+    """A regex character class body of every combining mark (Unicode category M), as ranges. Past the
+    multilingual and supplementary planes only the variation selectors (U+E0100-E01EF) are marks."""
+    candidates = [*range(0x1F000), *range(0xE0100, 0xE01F0)]
+    marks = [c for c in candidates if unicodedata.category(chr(c)).startswith("M")]
+    ranges, start = [], marks[0]
+    for previous, current in zip(marks, [*marks[1:], None], strict=True):
+        if current != previous + 1:
+            ranges.append(f"{re.escape(chr(start))}-{re.escape(chr(previous))}")
+            start = current
+    return "".join(ranges)
+
+
+_MARKS = _combining_marks()
+# A word is a run of letters, digits and the combining marks that spell Indic and other scripts' vowels
+# (which `\w` leaves out, splitting a Hindi word into fragments and marks); in a script written without
+# spaces (Chinese, Japanese, Thai) each letter is a token, as a whole clause would be one unknown "word".
+_TOKEN = re.compile(
+    f"{_UNSPACED_LETTER.pattern}|(?:(?!{_UNSPACED_LETTER.pattern})[\\w{_MARKS}])+|[^\\w\\s{_MARKS}]"
+)
 _START, _UNKNOWN = 0, 1  # reserved word ids
 
 
@@ -124,6 +163,22 @@ class NgramLanguageModel:
         return np.log(probability)
 
 
+def _log_location_and_spread(perplexities: np.ndarray) -> tuple[float, float]:
+    """Median and median absolute deviation of log perplexity: robust on the few documents of a language."""
+    if not len(perplexities):
+        return (0.0, 0.0)
+    logs = np.log(perplexities)
+    median = float(np.median(logs))
+    return (median, float(np.median(np.abs(logs - median))))
+
+
+def _rescale(
+    perplexities: np.ndarray, source: tuple[float, float], target: tuple[float, float]
+) -> np.ndarray:
+    """Perplexities moved from one (log median, log spread) to another, keeping their standard score."""
+    return np.exp(target[0] + (np.log(perplexities) - source[0]) * (target[1] / source[1]))
+
+
 def _spelling_model(frequency: dict[str, int]) -> dict[str, float]:
     """Character log-probabilities of the words seen once (the best guide to unseen words), add-one
     smoothed, with "" for the end of a word and "\\0" for any character never seen."""
@@ -182,11 +237,15 @@ class PerplexityConfig:
     reference: str | None = None
     reference_documents: int = 2000
     min_documents: int = 100
+    # Documents of one language (from language ID) it needs to place its cut at its own median.
+    min_language_documents: int = 5
     sample_documents: int = 100_000
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.low_percentile < self.high_percentile <= 100.0:
             raise ValueError("perplexity: need 0 <= low_percentile < high_percentile <= 100")
+        if self.min_language_documents < 1:
+            raise ValueError("perplexity: min_language_documents must be >= 1")
 
 
 # The field of `PerplexityConfig` that governs each reason.
@@ -197,10 +256,12 @@ REASON_SETTINGS: dict[str, str | None] = {
 
 
 class PerplexityFilter(DocumentFilter):
-    """Drop documents whose perplexity lies below or above the given percentiles of the source's."""
+    """Drop documents whose perplexity lies below or above the given percentiles of the source's, each
+    language judged about its own median."""
 
     name = "perplexity"
     reasons = ("perplexity_too_low", "perplexity_too_high")
+    inputs = ("language",)
     whole_table = True
 
     def __init__(
@@ -211,6 +272,7 @@ class PerplexityFilter(DocumentFilter):
         order: int = 3,
         reference_documents: int = 2000,
         min_documents: int = 100,
+        min_language_documents: int = 5,
         reference_texts: list[str] | None = None,
         seed: int = 0,
     ) -> None:
@@ -224,16 +286,21 @@ class PerplexityFilter(DocumentFilter):
         self.order = order
         self.reference_documents = reference_documents
         self.min_documents = min_documents
+        self.min_language_documents = min_language_documents
         self.reference_texts = reference_texts
         self.seed = seed
         self.model: NgramLanguageModel | None = None
+        # The source-wide cut, and the cut of each language with its own median (JSON-serialisable).
         self.cuts: tuple[float, float] | None = None
+        self.language_cuts: dict[str, tuple[float, float]] = {}
 
-    def fit(self, texts: list[str]) -> PerplexityFilter:
-        """Train the model (on `reference_texts`, else a sample of `texts`) and set the cuts from `texts`.
+    def fit(self, texts: list[str], **inputs: list[Any]) -> PerplexityFilter:
+        """Train the model (on `reference_texts`, else a sample of `texts`) and set the cuts from `texts`,
+        per language where `inputs["language"]` gives each text's language.
 
         With fewer than `min_documents` texts there is no distribution to cut: every document is kept.
         """
+        self.language_cuts = {}
         if len(texts) < self.min_documents:
             self.cuts = (-math.inf, math.inf)
             return self
@@ -242,28 +309,60 @@ class PerplexityFilter(DocumentFilter):
             reference = random.Random(self.seed).sample(texts, min(self.reference_documents, len(texts)))
         self.model = NgramLanguageModel.fit(reference, order=self.order)
         scores = np.array([self.model.perplexity(text) for text in texts])
-        scores = scores[~np.isnan(scores)]
+        known = ~np.isnan(scores)
+        languages = np.array(inputs.get("language") or [None] * len(texts), dtype=object)[known]
+        scores = scores[known]
+        source = _log_location_and_spread(scores)
+        own = {}
+        for language in sorted({lang for lang in languages.tolist() if lang is not None}):
+            if (languages == language).sum() >= self.min_language_documents:
+                located = _log_location_and_spread(scores[languages == language])
+                if located[1] > 0 and source[1] > 0 and located != source:
+                    own[language] = located
+        # Each language's scores on the source's scale; a one-language source keeps its raw scores.
+        pooled = scores.copy()
+        for language, located in own.items():
+            rows = languages == language
+            pooled[rows] = _rescale(scores[rows], located, source)
         low, high = (
-            np.percentile(scores, [self.low_percentile, self.high_percentile]) if len(scores) else (0, 0)
+            np.percentile(pooled, [self.low_percentile, self.high_percentile]) if len(scores) else (0, 0)
         )
         self.cuts = (
             float(low) if self.low_percentile > 0 else -math.inf,
             float(high) if self.high_percentile < 100 else math.inf,
         )
+        self.language_cuts = {
+            language: (
+                float(_rescale(np.array(self.cuts[0]), source, located))
+                if self.low_percentile > 0
+                else -math.inf,
+                float(_rescale(np.array(self.cuts[1]), source, located))
+                if self.high_percentile < 100
+                else math.inf,
+            )
+            for language, located in own.items()
+        }
         return self
 
-    def score(self, texts: list[str]) -> dict[str, np.ndarray]:
+    def score(self, texts: list[str], **inputs: list[Any]) -> dict[str, np.ndarray]:
         if self.cuts is None:
-            self.fit(texts)
+            self.fit(texts, **inputs)
+        languages = inputs.get("language") or [None] * len(texts)
+        # The language whose cut judges each document (None: the source-wide cut).
+        settings = np.array(
+            [lang if lang in self.language_cuts else None for lang in languages], dtype=object
+        )
         if self.model is None:
-            return {"perplexity": np.full(len(texts), np.nan)}
-        return {"perplexity": np.array([self.model.perplexity(text) for text in texts], dtype=np.float64)}
+            return {"perplexity": np.full(len(texts), np.nan), "perplexity_settings": settings}
+        perplexity = np.array([self.model.perplexity(text) for text in texts], dtype=np.float64)
+        return {"perplexity": perplexity, "perplexity_settings": settings}
 
     def decide(self, text: str, scores: dict[str, Any]) -> str | None:
         assert self.cuts is not None, "score() fits the filter before decide()"
+        low, high = self.language_cuts.get(scores["perplexity_settings"], self.cuts)
         perplexity = scores["perplexity"]
-        if perplexity < self.cuts[0]:
+        if perplexity < low:
             return "perplexity_too_low"
-        if perplexity > self.cuts[1]:
+        if perplexity > high:
             return "perplexity_too_high"
         return None

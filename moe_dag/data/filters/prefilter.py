@@ -332,6 +332,7 @@ def perplexity_filter(config: PerplexityConfig) -> PerplexityFilter:
         order=config.order,
         reference_documents=config.reference_documents,
         min_documents=config.min_documents,
+        min_language_documents=config.min_language_documents,
         reference_texts=reference,
     )
 
