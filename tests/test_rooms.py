@@ -78,12 +78,19 @@ def test_the_run_order_is_derived_from_the_asset_graph():
     global stages alternate, each in dependency order, and the comparisons come last."""
     assert stages(build_definitions("configs/demo.yaml")) == [
         Stage(["raw_documents", "prefiltered", "minhash_signatures"], per_source=True),
-        Stage(["dedup_clusters"], per_source=False),
+        Stage(["dedup_clusters", "neutral_documents"], per_source=False),
         Stage(["deduplicated", "toxicity_filtered"], per_source=True),
         Stage(["oracle_sample", "oracle_labels", "quality_heads"], per_source=False),
         Stage(["scored_documents"], per_source=True),
         Stage(
-            ["document_catalog", "tokenizer", "tokenized_mixture", "moe_proxy", "proxy_eval"],
+            [
+                "document_catalog",
+                "tokenizer",
+                "tokenized_mixture",
+                "evaluation_sets",
+                "moe_proxy",
+                "proxy_eval",
+            ],
             per_source=False,
         ),
         Stage(["moe_gain", "unfiltered_mixture", "curation_gain"], per_source=False, comparisons=True),
