@@ -58,10 +58,13 @@ def test_each_language_keeps_about_the_source_keep_rate():
     assert thresholds.for_language("ko") is thresholds and thresholds.for_language(None) is thresholds
 
 
-def test_small_languages_pool_by_script_or_fall_back_to_the_source():
+def test_small_languages_pool_by_script_or_stand_alone():
     judge, probe, languages = two_scripts()
     languages[:10] = ["de"] * 10  # at least min_documents_per_language (5): its own
-    languages[-4:] = ["ko"] * 4  # a script group under min_documents_per_script (5): the source decides
+    languages[-4:] = ["ko"] * 4  # a script group under min_documents_per_script (5): calibrated alone
+    thresholds = calibrate(probe, judge, languages)
+    assert set(thresholds.languages) == {"en", "de", "el", "ko"}
+    languages[-4:] = ["el"] * 3 + ["ko"]  # one document has no quantile: the source decides
     thresholds = calibrate(probe, judge, languages)
     assert set(thresholds.languages) == {"en", "de", "el"}
     assert thresholds.for_language("ko") is thresholds
