@@ -29,7 +29,7 @@ gets thresholds of its own, shared by its languages; a language in a smaller scr
 on its own documents, however few (at least 2). So each group keeps about the source's keep rate; the
 source's thresholds (calibrated on every document) decide only languages with fewer than 2 calibration
 documents or none. Falling back to the source's thresholds sooner erased languages: on the multilingual
-fixture Malayalam, with 3 calibration documents and its script alone, got the source's tau_keep 0.734
+fixture Malayalam, with 4 calibration documents and its script alone, got the source's tau_keep 0.734
 while the judge scored all 10 of its documents 0.707-0.721 (10-90%), and kept none; the language
 medians there spread over 0.697-0.770, five times a language's own 10-90% range. Languages get their
 own thresholds from few documents (5) because the heads' bias is per language, not per script: on the
