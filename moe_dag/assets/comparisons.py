@@ -28,6 +28,7 @@ from moe_dag.assets.mixture import REMIX, TOKENIZER_FILE
 from moe_dag.assets.operating import operated
 from moe_dag.assets.plots import curves_png, png_markdown
 from moe_dag.assets.training_runs import (
+    TRAINING_CHECK_READS,
     bits_per_byte_plot,
     evaluation_rows,
     latest_run,
@@ -104,14 +105,7 @@ def unfiltered_mixture(pipeline: PipelineResource) -> dg.MaterializeResult:
     kinds={"pytorch"},
     deps=["unfiltered_mixture", "proxy_eval", "evaluation_sets"],
     pool="gpu",
-    metadata=operated(
-        2,
-        "training",
-        "evaluation",
-        "checks.loss_window_fraction",
-        "checks.min_loss_drop_fraction",
-        "checks.max_expert_load_over_mean",
-    ),
+    metadata=operated(2, "training", "evaluation", *TRAINING_CHECK_READS),
 )
 def curation_gain(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
     """The proxy trained on the unfiltered mixture for the same steps, against the curated proxy on the
@@ -130,14 +124,7 @@ def curation_gain(context: dg.AssetExecutionContext, pipeline: PipelineResource)
     kinds={"pytorch"},
     deps=["tokenized_mixture", "proxy_eval", "evaluation_sets"],
     pool="gpu",
-    metadata=operated(
-        2,
-        "training",
-        "evaluation",
-        "checks.loss_window_fraction",
-        "checks.min_loss_drop_fraction",
-        "checks.max_expert_load_over_mean",
-    ),
+    metadata=operated(2, "training", "evaluation", *TRAINING_CHECK_READS),
 )
 def moe_gain(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
     """A dense model with the proxy's active parameters, trained like it on the curated mixture, against

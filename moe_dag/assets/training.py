@@ -8,6 +8,7 @@ import pyarrow as pa
 from moe_dag.assets.evaluation import SET_DOCUMENTS_STAGE, evaluation_set_dirs
 from moe_dag.assets.operating import operated
 from moe_dag.assets.training_runs import (
+    TRAINING_CHECK_READS,
     bits_per_byte_plot,
     evaluation_rows,
     latest_run,
@@ -39,13 +40,7 @@ EVAL_COLUMNS = {
     group_name="training",
     kinds={"pytorch"},
     deps=["tokenized_mixture"],
-    metadata=operated(
-        1,
-        "training",
-        "checks.loss_window_fraction",
-        "checks.min_loss_drop_fraction",
-        "checks.max_expert_load_over_mean",
-    ),
+    metadata=operated(1, "training", *TRAINING_CHECK_READS),
     pool="gpu",
     check_specs=training_check_specs("moe_proxy"),
 )
