@@ -7,6 +7,7 @@ tokenises the neutral set and the config's user sets, one folder each, for the t
 and lists their documents for the catalog (`evaluation_documents`). See moe_dag/data/mixture/neutral.py.
 """
 
+import hashlib
 from pathlib import Path
 
 import dagster as dg
@@ -59,12 +60,18 @@ def neutral_documents(pipeline: PipelineResource) -> dg.MaterializeResult:
     lake.write_table(documents, NEUTRAL_STAGE)
     lake.write_table(exclusions, EXCLUSIONS_STAGE)
     reasons = pc.value_counts(exclusions["reason"]).to_pylist()
+    # The set's content, not the clusters' rebuild, decides whether the evaluation sets and what trains
+    # are stale: a new shard that changes neither the sample nor what it excludes leaves them as they are.
+    content = hashlib.blake2b(digest_size=12)
+    for ids in (documents["id"], exclusions["id"]):
+        content.update("\0".join(sorted(ids.to_pylist())).encode() + b"\1")
     return dg.MaterializeResult(
         metadata={
             "documents": documents.num_rows,
             "per_source": dg.MetadataValue.json(_counts(documents["source"])),
             "excluded_from_training": dg.MetadataValue.json({r["values"]: r["counts"] for r in reasons}),
-        }
+        },
+        data_version=dg.DataVersion(content.hexdigest()),
     )
 
 
