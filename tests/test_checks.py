@@ -335,8 +335,8 @@ def test_router_health_fails_on_dead_experts_and_overload(tmp_path):
         ({"max_drop_share_by_source": {"nope": {"lang": 0.5}}}, r"unknown source\(s\) \['nope'\]"),
         ({"min_duplicate_share": 0.6, "max_duplicate_share": 0.5}, "is above max_duplicate_share"),
         ({"max_expert_load_over_mean": 0.5}, "must be at least 1"),
-        ({"min_head_f1": "high"}, "checks.min_head_f1 must be float"),
-        ({"max_share_eror": 0.1}, r"unknown key\(s\) \['max_share_eror'\] in checks"),
+        ({"min_head_f1": "high"}, "checks.min_head_f1: expected float, got str 'high'"),
+        ({"max_share_eror": 0.1}, "checks.max_share_eror: unknown key; did you mean 'max_share_error'"),
     ],
 )
 def test_check_bounds_are_validated_at_load(tmp_path, checks, message):
