@@ -32,6 +32,25 @@ def test_a_language_that_loses_every_document_is_named(tmp_path):
     assert lost_languages("prefiltered", "web", by_language, ChecksConfig(min_language_documents=0)) == []
 
 
+def test_duplicates_do_not_count_as_a_lost_language(tmp_path):
+    """A language whose documents all copy text kept elsewhere (the demo's English lines in `intl`, copies
+    of `prose`) loses nothing at dedup: its text lives on in each cluster's survivor."""
+    lake = Lake(tmp_path)
+    reason = ["exact_duplicate"] * 20 + ["near_duplicate"] * 6 + [None] * 30
+    table = pa.table(
+        {
+            "id": [str(i) for i in range(56)],
+            "language": ["en"] * 26 + ["de"] * 30,
+            "keep": [False] * 26 + [True] * 30,
+            "reason": pa.array(reason, pa.string()),
+        }
+    )
+    lake.write_table(table, "deduplicated", "intl")
+    by_language = language_counts(lake, "deduplicated", "intl")
+    assert by_language == {"de": (30, 30)}
+    assert lost_languages("deduplicated", "intl", by_language, ChecksConfig()) == []
+
+
 def test_a_stage_without_a_language_column_has_nothing_to_check(tmp_path):
     lake = Lake(tmp_path)
     lake.write_table(pa.table({"id": ["a"], "keep": [False], "reason": ["x"]}), "prefiltered", "code")

@@ -26,6 +26,7 @@ from moe_dag.assets.bounds import (
     reason_settings,
 )
 from moe_dag.data.counts import slice_counts
+from moe_dag.data.dedup import DUPLICATE_REASONS
 from moe_dag.data.engine import StageRun, StageSpec, upstream_inputs
 from moe_dag.data.lake import Lake
 from moe_dag.orchestration.resources import PipelineResource, RayResource
@@ -173,7 +174,8 @@ def decision_result(
 def language_counts(lake: Lake, stage: str, source: str) -> dict[str, tuple[int, int]]:
     """(documents in, documents kept) per language of a stage's slice, from its parquet files; {} when its
     rows carry no `language` (language ID did not run). Unplaced text and rows dropped because the source
-    does not accept their language are not counted."""
+    does not accept their language are not counted, nor duplicates: their text lives on in the survivor
+    of their cluster, in this source or another."""
     tables = []
     for path in lake.parquet_files(stage, source):
         with lake.fs.open(path, "rb") as handle:
@@ -184,9 +186,9 @@ def language_counts(lake: Lake, stage: str, source: str) -> dict[str, tuple[int,
     if not tables:
         return {}
     rows = pa.concat_tables(tables, promote_options="permissive")
-    not_accepted = pc.fill_null(pc.equal(rows["reason"], NOT_ACCEPTED), False)
+    not_counted = pc.fill_null(pc.is_in(rows["reason"], pa.array([NOT_ACCEPTED, *DUPLICATE_REASONS])), False)
     unplaced = pc.or_(pc.is_null(rows["language"]), pc.is_in(rows["language"], pa.array(UNPLACED_LANGUAGES)))
-    rows = rows.filter(pc.invert(pc.or_(not_accepted, unplaced)))
+    rows = rows.filter(pc.invert(pc.or_(not_counted, unplaced)))
     grouped = rows.group_by("language").aggregate([("keep", "count"), ("keep", "sum")])
     return {row["language"]: (row["keep_count"], row["keep_sum"]) for row in grouped.to_pylist()}
 

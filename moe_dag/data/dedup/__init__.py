@@ -3,6 +3,7 @@
 from moe_dag.data.dedup.clusters import (
     CLUSTER_SCHEMA,
     CLUSTER_VERSION,
+    DUPLICATE_REASONS,
     ShardClusters,
     apply_dedup,
     band_pairs,
@@ -23,6 +24,7 @@ from moe_dag.data.dedup.shingles import normalize_text, shingle_hashes
 __all__ = [
     "CLUSTER_SCHEMA",
     "CLUSTER_VERSION",
+    "DUPLICATE_REASONS",
     "SIGNATURE_SCHEMA",
     "ShardClusters",
     "MinHashConfig",

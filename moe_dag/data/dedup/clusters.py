@@ -223,6 +223,10 @@ class ShardClusters:
         return taken
 
 
+# The drop reasons of dedup: a dropped duplicate's text lives on in its cluster's survivor.
+DUPLICATE_REASONS = ("exact_duplicate", "near_duplicate")
+
+
 def _decide(table: pa.Table, matched: pa.Table, version: list[str]) -> pa.Table:
     new = ("duplicate_of", "cluster_id", CLUSTER_VERSION)
     table = table.drop_columns([c for c in new if c in table.column_names])
@@ -230,6 +234,7 @@ def _decide(table: pa.Table, matched: pa.Table, version: list[str]) -> pa.Table:
     table = table.append_column("cluster_id", matched["cluster_id"])
     table = table.append_column(CLUSTER_VERSION, pa.array(version, pa.string()))
     reason = [None if m is None else f"{m}_duplicate" for m in matched["match"].to_pylist()]
+    assert set(reason) <= {None, *DUPLICATE_REASONS}, set(reason)
     return with_decisions(table, matched["is_survivor"].to_pylist(), reason)
 
 
