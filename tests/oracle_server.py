@@ -46,6 +46,12 @@ class Call:
     status: int
 
 
+class _Server(ThreadingHTTPServer):
+    # The client opens up to max_concurrency (16) connections at once: socketserver's default listen
+    # backlog of 5 refuses some of them on a busy machine, a transport error no test asked for.
+    request_queue_size = 64
+
+
 class OracleServer:
     def __init__(self, respond: Callable[[dict, dict[str, str]], Reply]):
         self.respond = respond
@@ -98,7 +104,7 @@ class OracleServer:
                     self.wfile.write(data[i : i + 1])
                     self.wfile.flush()
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = _Server(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, args=(0.02,), daemon=True)
 

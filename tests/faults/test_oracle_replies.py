@@ -66,7 +66,7 @@ def test_a_reply_of_any_shape_is_one_bad_reply_and_the_run_goes_on(tmp_path):
     for name, row in failures.items():
         assert row["attempts"] == 2, name  # retried once, then a failure of that document only
         assert row["error"].startswith("no valid label after 2 attempts"), (name, row["error"])
-        assert len(row["replies"]) == 2
+        assert len(row["replies"]) == 2, (name, row["replies"])
     assert sum(call.document.startswith("good") for call in server.calls) == len(good)
 
 
