@@ -119,12 +119,15 @@ def test_every_asset_is_versioned_automated_and_has_a_backfill_policy():
     defs = build_definitions("configs/demo.yaml")
     graph = defs.resolve_asset_graph()
     started_by_sensors = {"raw_documents", "dedup_clusters", "deduplicated"}
+    searched = {"mixture_candidates", "candidate_proxy", "mixture_proposal", "mixture_validation"}
     for key in graph.get_all_asset_keys():
         node, name = graph.get(key), key.to_user_string()
         assert node.code_version, name
-        assert (node.automation_condition is None) == (name in started_by_sensors), name
+        started_elsewhere = name in started_by_sensors or name in searched | {"mixture_search_report"}
+        assert (node.automation_condition is None) == started_elsewhere, name
         policy = node.backfill_policy
-        assert policy.max_partitions_per_run == (1 if name in PER_SOURCE else None), name
+        per_partition = name in PER_SOURCE or name == "candidate_proxy"  # a run per source, per candidate
+        assert policy.max_partitions_per_run == (1 if per_partition else None), name
     assert "rescore_on_new_heads" in str(graph.get(dg.AssetKey("scored_documents")).automation_condition)
     sensors = {sensor.name: sensor for sensor in defs.sensors}
     assert {"new_shards_code", "new_shards_prose", "new_shards_intl", "moe_dag_automation"} <= set(sensors)

@@ -229,6 +229,8 @@ def test_command_line_trains_and_writes_every_output(repeating_data: Path, tmp_p
         "state.json",
         "config.json",
         "rng_rank0.pt",
+        "metrics.jsonl",  # the metrics up to this step, restored on resume
+        "manifest.json",  # sha256 of every file above, verified before anything is loaded
     }
 
 
