@@ -163,6 +163,10 @@ class Catalog:
                 if sql_literal(self.lake.glob_pattern(name, partitioned)) in sql:
                     pattern = f"{LAKE_PROTOCOL}://{name}/{'source=*/' if partitioned else ''}*.parquet"
                     con.execute(f"CREATE TEMP VIEW {name} AS {_stage_select(pattern)}")
+        # DuckDB reads a registered Python filesystem's file objects from several threads at once, and
+        # fsspec's file objects are not safe for that: interleaved seeks and reads come back short ("Out
+        # of buffer" on a join of two stages). One thread reads the lake correctly.
+        con.execute("SET threads = 1")
         con.execute("SET temp_directory = ''")
         con.execute("SET allowed_directories = ?", [[f"{LAKE_PROTOCOL}://"]])
         con.execute("SET enable_external_access = false")
