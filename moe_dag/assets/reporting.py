@@ -28,6 +28,7 @@ from moe_dag.assets.bounds import (
 from moe_dag.data.counts import slice_counts
 from moe_dag.data.dedup import DUPLICATE_REASONS
 from moe_dag.data.engine import StageRun, StageSpec, upstream_inputs
+from moe_dag.data.filters.language import NOT_ACCEPTED
 from moe_dag.data.lake import Lake
 from moe_dag.orchestration.resources import PipelineResource, RayResource
 
@@ -37,7 +38,6 @@ LANGUAGES_KEPT = "languages_kept"
 # Rows not counted for their language: text language ID could not place, and languages the source does
 # not accept (dropping those is the rule doing its job).
 UNPLACED_LANGUAGES = ("und",)
-NOT_ACCEPTED = "language_not_allowed"
 DROP_SHARE = "drop_share_per_reason"
 DUPLICATE_SHARE = "duplicate_share_in_bounds"
 BOUND_DESCRIPTIONS = {

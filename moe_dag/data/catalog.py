@@ -17,6 +17,8 @@ import duckdb
 import pyarrow as pa
 from fsspec.implementations.dirfs import DirFileSystem
 
+from moe_dag.data.dedup import DUPLICATE_REASONS
+from moe_dag.data.filters.language import NOT_ACCEPTED
 from moe_dag.data.lake import Lake
 
 # Stage name -> whether it is written per source. Order is the order documents flow through.
@@ -52,12 +54,18 @@ ORDER BY source, stage
 
 
 # Per source and language (as language ID placed it at the prefilter; 'und' where it did not run or could
-# not place the text): documents that came in, and documents kept at the end of curation.
-LANGUAGE_FUNNEL_SQL = """
+# not place the text): documents that came in, and documents kept at the end of curation. As in the
+# languages_kept check, text in a language the source does not accept, and duplicates (their text lives on
+# in their cluster's survivor), are not counted: neither is a loss of that language.
+LANGUAGE_FUNNEL_SQL = f"""
 CREATE OR REPLACE TABLE language_funnel AS
 SELECT p.source, coalesce(p.language, 'und') AS language, count(*) AS documents,
        count(s.id) FILTER (WHERE s.keep) AS kept, round(kept / documents, 4) AS kept_share
-FROM prefiltered p LEFT JOIN scored_documents s ON s.source = p.source AND s.id = p.id
+FROM prefiltered p
+LEFT JOIN deduplicated d ON d.source = p.source AND d.id = p.id
+LEFT JOIN scored_documents s ON s.source = p.source AND s.id = p.id
+WHERE p.reason IS DISTINCT FROM '{NOT_ACCEPTED}'
+  AND coalesce(d.reason, '') NOT IN ({", ".join(f"'{reason}'" for reason in DUPLICATE_REASONS)})
 GROUP BY ALL ORDER BY p.source, language
 """
 

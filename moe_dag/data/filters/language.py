@@ -70,6 +70,9 @@ class LanguageConfig:
 
 
 # The setting that governs each reason: a field of `LanguageConfig`, or of the source (`sources.`).
+# Identified, but not a language the source keeps: not a loss of that language (the source never wanted it).
+NOT_ACCEPTED = "language_not_allowed"
+
 REASON_SETTINGS: dict[str, str | None] = {
     "language_not_allowed": "sources.languages",
     "language_score_too_low": "min_score",
