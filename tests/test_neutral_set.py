@@ -78,3 +78,12 @@ def test_a_set_is_written_as_the_trainer_reads_it(tmp_path: Path) -> None:
     assert heldout["source"] == ["mine", "mine"] and heldout["id"] == ["mine/x", "mine/y"]
     assert heldout["num_bytes"][0] == len("grüße aus dem test".encode())
     assert read_mixture(tmp_path / "set").vocab_size == tokenizer.get_vocab_size(with_added_tokens=True)
+
+
+def test_a_small_source_gives_at_most_a_share_to_the_neutral_set():
+    """A 30-document source with the default 100 a source would otherwise lose all of its text."""
+    table = pa.table({"id": [f"s{i}" for i in range(30)], "text": [f"text {i}" for i in range(30)]})
+    documents, _ = select_neutral(["small"], lambda source: iter([table]), 100, None)
+    assert documents.num_rows == 3  # neutral_max_share 0.1
+    documents, _ = select_neutral(["small"], lambda source: iter([table]), 100, None, max_share=0.5)
+    assert documents.num_rows == 15

@@ -208,6 +208,7 @@ def test_curation_and_dedup_on_an_s3_lake_equal_a_local_lake(s3_lake_url, tmp_pa
     """The per-source curation stages, dedup clustering and the dedup apply of the tiny two-source
     corpus, materialised by Dagster (Ray workers included) on the S3 lake and on a local one."""
     import dagster as dg
+    import ray
     import yaml
 
     from moe_dag.orchestration.definitions import build_definitions
@@ -217,6 +218,9 @@ def test_curation_and_dedup_on_an_s3_lake_equal_a_local_lake(s3_lake_url, tmp_pa
     write_shard(corpus / "a", "shard-0", {f"a{i}": sentence_text(i) for i in range(3)})
     write_shard(corpus / "b", "shard-0", {f"b{i}": sentence_text(10 + i) for i in range(3)})
     kept = {}
+    # Ray workers take the environment of the Ray they belong to: one started before this test set the
+    # S3 endpoint and keys would have none, so the resource starts a Ray of its own here.
+    ray.shutdown()
     for name in ("local", "s3"):
         config_path = pipeline_config(tmp_path, corpus, name)
         if name == "s3":
@@ -228,5 +232,6 @@ def test_curation_and_dedup_on_an_s3_lake_equal_a_local_lake(s3_lake_url, tmp_pa
             source: lake.read_table("deduplicated", source, columns=["id", "keep"]).to_pylist()
             for source in SOURCES
         }
+    ray.shutdown()  # later tests start theirs, with their own environment
     assert kept["s3"] == kept["local"]
     assert sum(row["keep"] for rows in kept["s3"].values() for row in rows) == 6

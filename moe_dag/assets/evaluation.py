@@ -56,6 +56,7 @@ def neutral_documents(pipeline: PipelineResource) -> dg.MaterializeResult:
         lambda source: lake.iter_batches("raw_documents", source, columns=["id", "text"]),
         config.evaluation.neutral_per_source,
         clusters,
+        config.evaluation.neutral_max_share,
     )
     lake.write_table(documents, NEUTRAL_STAGE)
     lake.write_table(exclusions, EXCLUSIONS_STAGE)

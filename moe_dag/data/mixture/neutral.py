@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,16 +55,23 @@ EXCLUSION_SCHEMA = pa.schema(
 DOCUMENTS_SCHEMA = pa.schema([("source", pa.string()), ("id", pa.string()), ("text", pa.string())])
 
 
+NEUTRAL_MAX_SHARE = 0.1
+
+
 @dataclass(kw_only=True)
 class EvaluationConfig:
     # Raw documents per source in the neutral set (fewer when a source has fewer); 0 turns it off.
     neutral_per_source: int = 100
+    # At most this share of a source's raw documents: a small source keeps most of its text to train on.
+    neutral_max_share: float = NEUTRAL_MAX_SHARE
     # Name -> path of a jsonl or parquet file in the raw shard format, scored beside the neutral set.
     user_sets: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.neutral_per_source < 0:
             raise ValueError(f"neutral_per_source must not be negative, got {self.neutral_per_source}")
+        if not 0 <= self.neutral_max_share < 1:
+            raise ValueError(f"neutral_max_share must be in [0, 1), got {self.neutral_max_share}")
         for name in self.user_sets:
             if name == NEUTRAL_SET or not name.replace("_", "").isalnum():
                 raise ValueError(
@@ -75,10 +83,11 @@ def neutral_hashes(ids: Iterable[str]) -> np.ndarray:
     return np.array([stable_hash(NEUTRAL_SALT + str(doc_id)) for doc_id in ids], dtype=np.uint64)
 
 
-def neutral_cut(ids: Iterable[str], size: int) -> int | None:
-    """The largest salted id hash in a source's neutral sample of `size` documents (None: empty)."""
+def neutral_cut(ids: Iterable[str], size: int, max_share: float = NEUTRAL_MAX_SHARE) -> int | None:
+    """The largest salted id hash in a source's neutral sample of `size` documents, at most `max_share`
+    of them (None: empty)."""
     hashes = np.sort(neutral_hashes(ids))
-    count = min(size, len(hashes))
+    count = min(size, math.floor(max_share * len(hashes)))
     return int(hashes[count - 1]) if count else None
 
 
@@ -98,12 +107,16 @@ def select_neutral(
     raw_batches: Callable[[str], Iterator[pa.Table]],
     size: int,
     clusters: pa.Table | None,
+    max_share: float = NEUTRAL_MAX_SHARE,
 ) -> tuple[pa.Table, pa.Table]:
     """(neutral documents: source, id, text; exclusions: EXCLUSION_SCHEMA) from the raw documents.
 
     `raw_batches(source)` streams a source's raw documents (columns id, text) and is read three times:
     ids for the cut, the sample itself, then the copies. `clusters` (id, cluster_id) are dedup's."""
-    cuts = {s: neutral_cut((i for b in raw_batches(s) for i in b["id"].to_pylist()), size) for s in sources}
+    cuts = {
+        s: neutral_cut((i for b in raw_batches(s) for i in b["id"].to_pylist()), size, max_share)
+        for s in sources
+    }
     neutral = [DOCUMENTS_SCHEMA.empty_table()]
     for source in sources:
         for batch in raw_batches(source):
