@@ -61,13 +61,23 @@ def test_catalog_and_summary_report_the_kept_share_of_each_language(tmp_path):
     lake = Lake(tmp_path / "lake")
     languages = ["en"] * 10 + ["el"] * 10 + [None] * 2
     ids = [f"d{i}" for i in range(len(languages))]
-    prefiltered = pa.table({"id": ids, "source": ["web"] * 22, "language": languages, "keep": [True] * 22})
-    kept = [i < 7 for i in range(10)] + [False] * 10 + [True] * 2
-    scored = pa.table({"id": ids, "source": ["web"] * 22, "keep": kept})
+    # Two more: one in a language the source does not accept, one duplicate. Neither counts as a loss.
+    languages += ["fr", "en"]
+    ids = [f"d{i}" for i in range(len(languages))]
+    web = ["web"] * len(ids)
+    prefilter_reasons = [None] * 22 + ["language_not_allowed", None]
+    prefiltered = pa.table(
+        {"id": ids, "source": web, "language": languages, "keep": [True] * 22 + [False, True]}
+    ).append_column("reason", pa.array(prefilter_reasons, pa.string()))
+    dedup_reasons = pa.array([None] * 23 + ["exact_duplicate"], pa.string())
+    deduplicated = pa.table({"id": ids, "source": web, "keep": [True] * 23 + [False]})
+    kept = [i < 7 for i in range(10)] + [False] * 10 + [True] * 2 + [False, False]
+    scored = pa.table({"id": ids, "source": web, "keep": kept})
     lake.write_table(prefiltered, "prefiltered", "web")
+    lake.write_table(deduplicated.append_column("reason", dedup_reasons), "deduplicated", "web")
     lake.write_table(scored, "scored_documents", "web")
     catalog = Catalog(tmp_path / "catalog.duckdb", lake)
-    catalog.refresh({"prefiltered": True, "scored_documents": True})
+    catalog.refresh({"prefiltered": True, "deduplicated": True, "scored_documents": True})
     rows = catalog.write_language_funnel()
     assert rows == [("web", "el", 10, 0, 0.0), ("web", "en", 10, 7, 0.7), ("web", "und", 2, 2, 1.0)]
 
