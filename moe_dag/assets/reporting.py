@@ -12,6 +12,8 @@ languages of it vanish.
 
 from __future__ import annotations
 
+import functools
+
 import dagster as dg
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -30,6 +32,7 @@ from moe_dag.data.dedup import DUPLICATE_REASONS
 from moe_dag.data.engine import StageRun, StageSpec, upstream_inputs
 from moe_dag.data.filters.language import NOT_ACCEPTED
 from moe_dag.data.lake import Lake
+from moe_dag.data.tasks import map_tasks
 from moe_dag.orchestration.resources import PipelineResource, RayResource
 
 RECONCILES = "rows_reconcile"
@@ -175,17 +178,25 @@ def language_counts(lake: Lake, stage: str, source: str) -> dict[str, tuple[int,
     """(documents in, documents kept) per language of a stage's slice, from its parquet files; {} when its
     rows carry no `language` (language ID did not run). Unplaced text and rows dropped because the source
     does not accept their language are not counted, nor duplicates: their text lives on in the survivor
-    of their cluster, in this source or another."""
-    tables = []
-    for path in lake.parquet_files(stage, source):
-        with lake.fs.open(path, "rb") as handle:
-            parquet = pq.ParquetFile(handle)
-            if "language" not in parquet.schema_arrow.names:
-                return {}
-            tables.append(parquet.read(columns=["language", "keep", "reason"]))
-    if not tables:
+    of their cluster, in this source or another. Counted per file in Ray tasks: only counts come back."""
+    per_file = map_tasks(functools.partial(file_language_counts, lake.url), lake.parquet_files(stage, source))
+    if not per_file or any(counts is None for counts in per_file):
         return {}
-    rows = pa.concat_tables(tables, promote_options="permissive")
+    totals: dict[str, tuple[int, int]] = {}
+    for counts in per_file:
+        for language, (documents, kept) in counts.items():
+            before = totals.get(language, (0, 0))
+            totals[language] = (before[0] + documents, before[1] + kept)
+    return totals
+
+
+def file_language_counts(lake_url: str, path: str) -> dict[str, tuple[int, int]] | None:
+    """`language_counts` of one parquet file (None when its rows carry no `language`)."""
+    with Lake(lake_url).fs.open(path, "rb") as handle:
+        parquet = pq.ParquetFile(handle)
+        if "language" not in parquet.schema_arrow.names:
+            return None
+        rows = parquet.read(columns=["language", "keep", "reason"])
     not_counted = pc.fill_null(pc.is_in(rows["reason"], pa.array([NOT_ACCEPTED, *DUPLICATE_REASONS])), False)
     unplaced = pc.or_(pc.is_null(rows["language"]), pc.is_in(rows["language"], pa.array(UNPLACED_LANGUAGES)))
     rows = rows.filter(pc.invert(pc.or_(not_counted, unplaced)))

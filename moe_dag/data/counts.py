@@ -12,12 +12,14 @@ catch a stage that lost rows before counting them. These counts come from elsewh
 - `lines_in_lake`: those distinct pairs, by one DuckDB query over the slice's parquet files.
 - `slice_counts`: rows and kept rows of a stage's slice, read from its parquet files (the `keep`
   column only), which is what the next stage must have received.
+
+Each count runs where the data is: one Ray task per group of files (`map_tasks`), returning numbers.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 
 import duckdb
 import fsspec
@@ -27,6 +29,7 @@ import pyarrow.parquet as pq
 from moe_dag.data.engine import ShardInput, raw_shard_inputs
 from moe_dag.data.lake import Lake
 from moe_dag.data.readers import LINE_END, StreamCut, decompressed_chunks, list_shards
+from moe_dag.data.tasks import map_tasks
 
 LINE_COUNTS = "shard_lines"  # lake folder of cached counts: shard_lines/source=<s>/_done/<key>.json
 
@@ -55,7 +58,7 @@ def shard_line_counts(
     lake: Lake, source: str, shards: list[ShardInput], workers: int | None = None
 ) -> dict[str, int]:
     """Line counts of `source`'s raw shards by shard path, counted once per shard fingerprint (cached in
-    the lake), in parallel threads (decompression releases the GIL)."""
+    the lake), as Ray tasks (`workers` as the engine takes it)."""
     cached = lake.records(LINE_COUNTS, source)
     fresh = {
         s.key: cached[s.key]["lines"]
@@ -63,12 +66,10 @@ def shard_line_counts(
         if cached.get(s.key, {}).get("fingerprint") == s.fingerprint
     }
     todo = [s for s in shards if s.key not in fresh]
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        for shard, lines in zip(todo, pool.map(count_shard_lines, [s.path for s in todo]), strict=True):
-            lake.write_record(
-                LINE_COUNTS, source, shard.key, {"fingerprint": shard.fingerprint, "lines": lines}
-            )
-            fresh[shard.key] = lines
+    counted = map_tasks(count_shard_lines, [s.path for s in todo], workers=workers)
+    for shard, lines in zip(todo, counted, strict=True):
+        lake.write_record(LINE_COUNTS, source, shard.key, {"fingerprint": shard.fingerprint, "lines": lines})
+        fresh[shard.key] = lines
     for stale in set(cached) - {s.key for s in shards}:
         lake.remove_record(LINE_COUNTS, source, stale)
     return {s.path: fresh[s.key] for s in shards}
@@ -98,13 +99,15 @@ def lines_in_lake(lake: Lake, stages: Iterable[str], source: str) -> dict[str, i
 
 def slice_counts(lake: Lake, stage: str, source: str) -> tuple[int, int]:
     """(rows, kept rows) of a stage's slice from its files; a stage without `keep` passes on every row."""
-    rows = kept = 0
-    for path in lake.parquet_files(stage, source):
-        with lake.fs.open(path, "rb") as handle:
-            parquet = pq.ParquetFile(handle)
-            count = parquet.metadata.num_rows
-            has_keep = "keep" in parquet.schema_arrow.names
-            keep = parquet.read(columns=["keep"])["keep"] if has_keep and count else None
-        rows += count
-        kept += count if keep is None else int(pc.sum(keep).as_py() or 0)
-    return rows, kept
+    counted = map_tasks(functools.partial(file_counts, lake.url), lake.parquet_files(stage, source))
+    return sum(rows for rows, _ in counted), sum(kept for _, kept in counted)
+
+
+def file_counts(lake_url: str, path: str) -> tuple[int, int]:
+    """(rows, kept rows) of one parquet file of the lake at `lake_url`."""
+    with Lake(lake_url).fs.open(path, "rb") as handle:
+        parquet = pq.ParquetFile(handle)
+        count = parquet.metadata.num_rows
+        if "keep" not in parquet.schema_arrow.names or not count:
+            return count, count
+        return count, int(pc.sum(parquet.read(columns=["keep"])["keep"]).as_py() or 0)

@@ -15,6 +15,7 @@ adding, changing or removing a shard gives the same lake as reading the source f
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 
@@ -28,6 +29,7 @@ from moe_dag.data.engine.stages import IngestWork
 from moe_dag.data.lake import Lake
 from moe_dag.data.readers import MAX_RAW_CHARS, list_shards
 from moe_dag.data.schema import QUARANTINE_SCHEMA
+from moe_dag.data.tasks import map_tasks
 
 INGEST = StageSpec(outputs=("raw_documents", "quarantine"), make_work=IngestWork)
 DUPLICATE_ID = "duplicate id"
@@ -73,15 +75,19 @@ def quarantine_repeated_ids(lake: Lake, source: str) -> int:
     if not repeats.num_rows:
         return 0
     key_of = {record["input"]: key for key, record in lake.records("raw_documents", source).items()}
-    for shard in pc.unique(repeats["shard"]).to_pylist():
-        mine = repeats.filter(pc.equal(repeats["shard"], shard))
-        _move_to_quarantine(lake, source, key_of[shard], mine)
+    moves = [
+        (key_of[shard], repeats.filter(pc.equal(repeats["shard"], shard)))
+        for shard in pc.unique(repeats["shard"]).to_pylist()
+    ]
+    # Each shard is rewritten in a task of its own: its documents never pass through this process.
+    map_tasks(functools.partial(_move_to_quarantine, lake.url, source), moves)
     return repeats.num_rows
 
 
-def _move_to_quarantine(lake: Lake, source: str, key: str, repeats: pa.Table) -> None:
-    """Rewrite one shard without its repeats. The record goes first: a kill half way leaves a shard
+def _move_to_quarantine(lake_url: str, source: str, move: tuple[str, pa.Table]) -> None:
+    """Rewrite one shard (key) without its repeats. The record goes first: a kill half way leaves a shard
     without record, which the next run reads again from its raw file."""
+    lake, (key, repeats) = Lake(lake_url), move
     record = lake.read_record("raw_documents", source, key)
     lake.remove_record("raw_documents", source, key)
     documents = lake.read_file(lake.shard_path("raw_documents", source, key))

@@ -11,8 +11,9 @@ with the same bytes is not ingested again. The ledger holds the shard as ingest 
 and checksum taken by the reader while reading, kept in the completion record), never the file as it is
 afterwards: a shard replaced during ingest differs from its entry, so it is ingested again. A path in
 the ledger whose file is gone is *removed*: its source has changed as well (ingest drops its rows).
-Finding pending shards reads only file listings and sizes; checksums are computed for new and changed
-files only.
+Finding pending shards reads only file listings and sizes; checksums are computed for changed files
+only, in Ray tasks where the process is connected to Ray (the readers hash what ingest reads, in its
+tasks), never by a pass over the bytes in the Dagster process.
 
 Writers take the database for a moment; DuckDB allows one process at a time, so opening waits (up to
 `LOCK_WAIT_S`) while another holds it.
@@ -31,6 +32,7 @@ import duckdb
 import fsspec
 
 from moe_dag.data.readers import CHUNK_BYTES, list_shards, new_checksum
+from moe_dag.data.tasks import map_tasks
 
 LEDGER_FILE = "shard_ledger.duckdb"
 LOCK_WAIT_S = 60.0
@@ -69,15 +71,20 @@ class ShardRead:
 
 def shards_read(records: dict[str, dict]) -> list[ShardRead]:
     """The shards behind `raw_documents` completion records, as they were read. A record written before
-    readers hashed what they read vouches for the file as it is now."""
+    readers hashed what they read vouches for the file as it is now (hashed in Ray tasks)."""
+    unhashed = scan_files([record["input"] for record in records.values() if "read" not in record])
+    checksums = map_tasks(file_checksum, [file.path for file in unhashed])
+    now = {
+        file.path: ShardRead(file.path, file.size, file.mtime, c)
+        for file, c in zip(unhashed, checksums, strict=True)
+    }
     read = []
     for record in records.values():
-        if "read" in record:
-            facts = record["read"]
-            read.append(ShardRead(record["input"], facts["size"], facts["mtime"], facts["checksum"]))
+        facts = record.get("read")
+        if facts is None:
+            read.append(now[record["input"]])
         else:
-            [now] = scan_files([record["input"]])
-            read.append(ShardRead(now.path, now.size, now.mtime, file_checksum(now.path)))
+            read.append(ShardRead(record["input"], facts["size"], facts["mtime"], facts["checksum"]))
     return read
 
 
@@ -137,12 +144,17 @@ class ShardLedger:
         """Shards of `source` not ingested yet (new or changed), and ledger entries whose file is gone."""
         known = {row["path"]: row for row in self.rows(source)}
         new = [shard for shard in shards if shard.path not in known]
-        changed = [
+        touched = [
             shard
             for shard in shards
             if shard.path in known
             and (shard.size, shard.mtime) != (known[shard.path]["size"], known[shard.path]["mtime"])
-            and file_checksum(shard.path) != known[shard.path]["checksum"]
+        ]
+        checksums = map_tasks(file_checksum, [shard.path for shard in touched])
+        changed = [
+            shard
+            for shard, checksum in zip(touched, checksums, strict=True)
+            if checksum != known[shard.path]["checksum"]
         ]
         present = {shard.path for shard in shards}
         return LedgerChanges(new, changed, sorted(set(known) - present))
