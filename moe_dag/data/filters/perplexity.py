@@ -15,7 +15,7 @@ with u' the context without its first word, down to a unigram smoothed over the 
 unknown-word type. Counting and scoring are numpy over integer n-gram keys (sort, unique, searchsorted):
 no Python loop per token.
 
-Words are runs of letters, digits and combining marks (Indic vowel signs are marks, which `\w` leaves
+Words are runs of letters, digits and combining marks (Indic vowel signs are marks, which `\\w` leaves
 out), and in scripts written without spaces (Chinese, Japanese, Thai) each letter is a token: otherwise a
 Chinese clause is one unknown "word", and the fixture's Chinese documents scored a median perplexity of
 4e16 against English's 84.
