@@ -18,20 +18,25 @@ setup: $(BIN)/.installed-extras $(DAGSTER_HOME)/dagster.yaml
 # What the graph itself needs: `make demo` and `make ui` install no more.
 runtime: $(BIN)/.installed $(DAGSTER_HOME)/dagster.yaml
 
-# Installs go through uv where it is on the PATH (`pip install uv`), else pip: the same packages from the
-# same places, in 60% of pip's CPU time and under half its wall time (docs/operating.md#set-up). uv does not
-# read pip's configuration, so PIP_SOURCES_FOR_UV hands it the indexes, find-links and constraints pip is
-# configured with (pip.conf files and PIP_* variables), and it picks the best version over all of them,
-# as pip does. Where PYTHONDONTWRITEBYTECODE is set, Python never writes .pyc files itself, so uv
-# compiles them at install as pip always does (most of its install time); elsewhere the first import
-# writes them. `make setup UV=` installs with pip.
-UV ?= $(shell command -v uv 2>/dev/null)
+# Installs go through uv: the one on the PATH, else one that pip puts into the new environment first
+# (2 s). The same packages from the same places as pip, in a fraction of its time (docs/operating.md#set-up).
+# uv does not read pip's configuration, so PIP_SOURCES_FOR_UV hands it the indexes, find-links and
+# constraints pip is configured with (pip.conf files and PIP_* variables), and it picks the best version
+# over all of them, as pip does. `make setup UV=` installs with pip alone.
+UV_ON_PATH := $(shell command -v uv 2>/dev/null)
+UV ?= $(or $(UV_ON_PATH),$(BIN)/uv)
 UV_SOURCES = --index-strategy unsafe-best-match $$($(PYTHON) -c "$$PIP_SOURCES_FOR_UV" $(1))
-INSTALL = $(if $(UV),$(UV) pip install --quiet --python $(BIN)/python $(if $(PYTHONDONTWRITEBYTECODE),--compile-bytecode) \
-	$(call UV_SOURCES,--constraints),$(BIN)/pip install --quiet)
+INSTALL = $(if $(UV),$(UV) pip install --quiet --python $(BIN)/python $(call UV_SOURCES,--constraints), \
+	$(BIN)/pip install --quiet --no-compile)
 # The environment, with pip in it either way (the fallback, and `.venv/bin/pip install` in the docs).
-NEW_VENV = $(if $(UV),$(UV) venv --quiet --seed --python "$$($(PYTHON) -c 'import sys; print(sys.executable)')" \
-	$(call UV_SOURCES) $(VENV),$(PYTHON) -m venv $(VENV))
+NEW_VENV = $(if $(filter-out $(BIN)/uv,$(UV)),$(UV) venv --quiet --seed \
+	--python "$$($(PYTHON) -c 'import sys; print(sys.executable)')" $(call UV_SOURCES) $(VENV),$(PYTHON) -m venv $(VENV))
+
+# Nothing is compiled to bytecode at install: compiling every file of every package was most of the
+# set-up's time (48 of 54 CPU seconds with uv), and the graph imports a small part of them. Python writes
+# a module's .pyc when it first imports it, so PYTHONDONTWRITEBYTECODE (set on some machines) is lifted
+# for what make runs here.
+unexport PYTHONDONTWRITEBYTECODE
 
 define PIP_SOURCES_FOR_UV
 import shlex, subprocess, sys
@@ -60,6 +65,7 @@ export PIP_SOURCES_FOR_UV
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(NEW_VENV)
+	$(if $(filter $(BIN)/uv,$(UV)),test -x $(BIN)/uv || $(BIN)/pip install --quiet --no-compile uv)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(INSTALL) '$(TORCH_SPEC)'
 	$(INSTALL) -e .
 	touch $@
