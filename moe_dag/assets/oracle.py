@@ -8,8 +8,7 @@ import pyarrow as pa
 from moe_dag.assets.operating import operated
 from moe_dag.assets.refresh import Refresh
 from moe_dag.data.heads import calibration_sample_size
-from moe_dag.data.oracle import LabelCache, label_documents, requests_from_table, split_sample
-from moe_dag.data.schema import kept_rows
+from moe_dag.data.oracle import LabelCache, label_documents, requests_from_table, sample_slice
 from moe_dag.orchestration.resources import PipelineResource
 
 FAILURE_RATE = "failure_rate_within_bound"
@@ -31,19 +30,26 @@ FAILURE_RATE = "failure_rate_within_bound"
 def oracle_sample(pipeline: PipelineResource) -> dg.MaterializeResult:
     """Documents to label and, disjoint from them, documents to calibrate thresholds on, per source.
 
-    Both are stratified by length. The calibration sample is sized from the configured keep-rate
-    precision (`calibration` in the config), each source on its own.
+    Both are stratified by length and drawn where the data is (`sample_slice`). The calibration sample
+    is sized from the configured keep-rate precision (`calibration` in the config), each source on its
+    own.
     """
     config, lake = pipeline.config, pipeline.lake
     to_label, to_calibrate, counts = [], [], {}
     for source in config.sources:
         # The language (where language ID ran) travels along: thresholds are calibrated per language.
         language = ["language"] if source.languages is not None else []
-        columns = ["id", "text", "source", "keep", *language]
-        table = lake.read_table("toxicity_filtered", source.name, columns=columns)
+        columns = ["id", "text", "source", *language]
         needed = calibration_sample_size(source.keep_rate, config.calibration)
-        labelled, calibration = split_sample(
-            kept_rows(table), config.oracle.per_source, needed, config.oracle.seed
+        # Drawn by Ray tasks per file: only the drawn documents come into this process.
+        labelled, calibration = sample_slice(
+            lake,
+            "toxicity_filtered",
+            source.name,
+            columns,
+            config.oracle.per_source,
+            needed,
+            config.oracle.seed,
         )
         to_label.append(labelled)
         to_calibrate.append(calibration)

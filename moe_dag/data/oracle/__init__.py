@@ -20,7 +20,7 @@ from moe_dag.data.oracle.openai_compatible import OpenAICompatibleConfig, OpenAI
 from moe_dag.data.oracle.redact import redact
 from moe_dag.data.oracle.rubrics import CODE, GENERAL, PROMPT_VERSION, Rubric, rubric_by_name, rubric_for_kind
 from moe_dag.data.oracle.rules import RuleBasedOracle
-from moe_dag.data.oracle.sample import split_sample, stratified_sample
+from moe_dag.data.oracle.sample import sample_slice, split_sample, stratified_sample
 from moe_dag.data.oracle.vllm_engine import VLLMEngineConfig, VLLMEngineOracle
 
 __all__ = [
@@ -52,6 +52,7 @@ __all__ = [
     "requests_from_table",
     "rubric_by_name",
     "rubric_for_kind",
+    "sample_slice",
     "split_sample",
     "stratified_sample",
     "table_to_labels",
