@@ -4,11 +4,18 @@ results, and these tests hold those distributed forms equal to the in-memory ref
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pyarrow as pa
 import pytest
+from test_end_to_end import tiny_config
 
+from moe_dag.config import PipelineConfig, load_config
+from moe_dag.data.demo_corpus import build_demo_corpus
+from moe_dag.data.filters import build_prefilters
+from moe_dag.data.fits import fit_source, fit_source_in_tasks
+from moe_dag.data.ingest import ingest_source
 from moe_dag.data.lake import Lake
 from moe_dag.data.oracle import sample_slice, split_sample
 
@@ -59,3 +66,38 @@ def test_the_sample_does_not_depend_on_how_rows_are_split_into_files(tmp_path):
     one_file = sample_slice(one, "t", "web", columns, 40, 100, 1)
     for a, b in zip(many_files, one_file, strict=True):
         assert sorted(a["id"].to_pylist()) == sorted(b["id"].to_pylist())
+
+
+@pytest.fixture(scope="module")
+def demo_lake(tmp_path_factory) -> tuple[Lake, PipelineConfig]:
+    """raw_documents of the tiny demo corpus (three sources, shards of 25 documents), ingested here."""
+    tmp_path = tmp_path_factory.mktemp("demo")
+    config = load_config(tiny_config(tmp_path))
+    build_demo_corpus(tmp_path / "corpus", config.demo_corpus)
+    lake = Lake(config.lake_root)
+    for source in config.sources:
+        ingest_source(lake, source.name, source.shards, workers=0)
+    return lake, config
+
+
+@pytest.mark.parametrize(
+    ("source_name", "max_documents"), [("intl", 45), ("intl", 100_000), ("prose", 100_000)]
+)
+def test_the_fit_made_in_tasks_is_the_fit_made_here(demo_lake, source_name, max_documents):
+    """Same model, cuts and version, whether the fit sample ends inside a shard or takes the source."""
+    lake, config = demo_lake
+    source = config.source(source_name)
+    settings = dataclasses.replace(
+        config.prefilter_for(source),
+        perplexity=dataclasses.replace(config.prefilter_for(source).perplexity, min_documents=10),
+    )
+
+    def filters() -> list:
+        return build_prefilters(settings, source.kind, source.languages)
+
+    here = fit_source(filters(), lake.iter_batches("raw_documents", source.name), max_documents, "s")
+    in_tasks = fit_source_in_tasks(filters(), lake, "raw_documents", source.name, max_documents, "s")
+    assert in_tasks.documents == here.documents == min(max_documents, 60)
+    assert in_tasks.describe() == here.describe()
+    assert in_tasks.filters["perplexity"].model is not None
+    assert in_tasks.version == here.version

@@ -14,7 +14,7 @@ from moe_dag.data.fits import (
     change_counts,
     changed_decisions,
     decisions,
-    fit_source,
+    fit_source_in_tasks,
     load_fit,
     settings_digest,
     store_fit,
@@ -53,11 +53,16 @@ def prefiltered(
     fit = load_fit(lake, "prefiltered", source.name)
     refitted = fit is None or fit.settings != settings
     if refitted:
-        fit = fit_source(
+        # Fitted where the data is: tasks run the filters ahead of the cut on each shard's share of the
+        # fit sample and score it; this process sets the cuts from the scores.
+        fit = fit_source_in_tasks(
             filters,
-            lake.iter_batches("raw_documents", source.name),
+            lake,
+            "raw_documents",
+            source.name,
             config.perplexity.sample_documents,
             settings,
+            workers=ray.workers,
         )
         before = decisions(lake, "prefiltered", source.name)
         store_fit(lake, "prefiltered", source.name, fit)

@@ -12,10 +12,18 @@ The version is a digest of the pickled filters, so shards record it in their com
 redone only when the version changes. A new fit is made only when there is none, or when the source's
 settings changed since the stored one (which includes `prefilter.refit`, the explicit refit: bump it for
 a source, or globally). `refit_changes` says beforehand which stored decisions a refit would change.
+
+`fit_source` fits on batches handed to this process (the reference, and `moe-dag refit`'s preview);
+`fit_source_in_tasks` makes the same fit where the data is: Ray tasks take each shard's share of the
+fit sample, run the filters ahead of the fitted one on it and return the positions of the rows that
+reach it (with the columns it reads); one task trains the perplexity model on the reference rows;
+tasks score the rows that reached it; this process sets the cuts from those scores. What comes back is
+positions, languages and one float per document of the fit sample, never text.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -24,12 +32,16 @@ import posixpath
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from moe_dag.data.atomic import atomic_write
 from moe_dag.data.filters import DocumentFilter, fit_to_source, run_filters
-from moe_dag.data.lake import Lake
+from moe_dag.data.filters.perplexity import NgramLanguageModel, PerplexityFilter
+from moe_dag.data.lake import Lake, read_batches
+from moe_dag.data.tasks import map_tasks
 
 FITS = "fits"
 CURRENT = "current.json"
@@ -71,6 +83,119 @@ def fit_source(
     counted = _Counted(batches, max_documents)
     fitted = fit_to_source(filters, counted, max_documents)
     return _fit({f.name: f for f in fitted if f.whole_table}, settings, counted.rows)
+
+
+def fit_source_in_tasks(
+    filters: Sequence[DocumentFilter],
+    lake: Lake,
+    stage: str,
+    source: str,
+    max_documents: int,
+    settings: str,
+    workers: int | None = None,
+) -> SourceFit:
+    """`fit_source` on the first `max_documents` rows of `stage`'s slice (in shard order), fitted where the
+    data is (see the module docstring): the same fit, version included."""
+    if not any(f.whole_table for f in filters):
+        return _fit({}, settings, 0)
+    files = lake.parquet_files(stage, source)
+    rows = map_tasks(functools.partial(_file_rows, lake.url), files, workers=workers)
+    prefixes, left = [], max_documents
+    for path, count in zip(files, rows, strict=True):
+        if left > 0 and count > 0:
+            prefixes.append((path, min(count, left)))
+            left -= prefixes[-1][1]
+    fitted = list(filters)
+    for position, doc_filter in enumerate(fitted):
+        if not doc_filter.whole_table:
+            continue
+        if not isinstance(doc_filter, PerplexityFilter):
+            raise TypeError(f"{doc_filter.name!r}: only the perplexity filter is fitted in tasks")
+        reach = functools.partial(_reaching, lake.url, fitted[:position], doc_filter.inputs)
+        reached = map_tasks(reach, prefixes, workers=workers)
+        fitted[position] = _fit_perplexity(doc_filter, lake.url, prefixes, reached, workers)
+    return _fit({f.name: f for f in fitted if f.whole_table}, settings, max_documents - left)
+
+
+def _fit_perplexity(
+    doc_filter: PerplexityFilter,
+    lake_url: str,
+    prefixes: list[tuple[str, int]],
+    reached: list[tuple[np.ndarray, dict[str, list]]],
+    workers: int | None,
+) -> PerplexityFilter:
+    """`doc_filter.fit` on the rows that reached it, each step where the rows are."""
+    documents = sum(len(positions) for positions, _ in reached)
+    if documents < doc_filter.min_documents:
+        return doc_filter.fit([])  # too few to cut: the same state as fitting on them
+    rows = doc_filter.reference_rows(documents)
+    if rows is None or doc_filter.reference_texts is not None:
+        doc_filter.fit_model(doc_filter.reference_texts or [])
+    else:
+        # Global positions among the rows that reached the filter -> (file, row in the file).
+        where = [
+            (path, int(row))
+            for (path, _), (positions, _) in zip(prefixes, reached, strict=True)
+            for row in positions
+        ]
+        [doc_filter.model] = map_tasks(
+            functools.partial(_train_model, lake_url, doc_filter.order),
+            [[where[i] for i in rows]],
+            workers=workers,
+        )
+    score = functools.partial(_perplexities, lake_url, doc_filter.model)
+    scores = map_tasks(
+        score,
+        [(path, positions) for (path, _), (positions, _) in zip(prefixes, reached, strict=True)],
+        workers=workers,
+    )
+    languages = [language for _, inputs in reached for language in inputs.get("language", [])]
+    return doc_filter.fit_cuts(np.concatenate([np.zeros(0), *scores]), languages or None)
+
+
+def _file_rows(lake_url: str, path: str) -> int:
+    with Lake(lake_url).fs.open(path, "rb") as handle:
+        return pq.ParquetFile(handle).metadata.num_rows
+
+
+def _prefix(lake: Lake, path: str, rows: int) -> pa.Table:
+    """The first `rows` rows of one file, reading no further batch than needed."""
+    batches, taken = [], 0
+    for batch in read_batches(path, lake.fs):
+        batches.append(batch.slice(0, rows - taken))
+        taken += batches[-1].num_rows
+        if taken >= rows:
+            break
+    return pa.concat_tables(batches)
+
+
+def _reaching(
+    lake_url: str, before: list[DocumentFilter], inputs: tuple[str, ...], prefix: tuple[str, int]
+) -> tuple[np.ndarray, dict[str, list]]:
+    """Positions in one file's prefix of the rows `before` keeps, and the `inputs` columns of those rows."""
+    decided, _ = run_filters(_prefix(Lake(lake_url), *prefix), before)
+    positions = np.flatnonzero(decided["keep"].to_numpy(zero_copy_only=False)).astype(np.int64)
+    kept = decided.take(positions)
+    return positions, {name: kept[name].to_pylist() for name in inputs if name in kept.column_names}
+
+
+def _texts(lake: Lake, path: str, rows: list[int]) -> list[str]:
+    return lake.read_file(path, ["text"])["text"].take(rows).to_pylist()
+
+
+def _train_model(lake_url: str, order: int, where: list[tuple[str, int]]) -> NgramLanguageModel:
+    """The perplexity model trained on the texts at `where` (file, row), in that order."""
+    lake, texts = Lake(lake_url), {}
+    for path in dict.fromkeys(path for path, _ in where):
+        rows = sorted({row for p, row in where if p == path})
+        texts.update(zip(((path, row) for row in rows), _texts(lake, path, rows), strict=True))
+    return NgramLanguageModel.fit([texts[place] for place in where], order=order)
+
+
+def _perplexities(lake_url: str, model: NgramLanguageModel, rows: tuple[str, np.ndarray]) -> np.ndarray:
+    path, positions = rows
+    texts = _texts(Lake(lake_url), path, positions.tolist()) if len(positions) else []
+    return np.array([model.perplexity(text) for text in texts], dtype=np.float64)
 
 
 def with_fit(filters: Sequence[DocumentFilter], fit: SourceFit) -> list[DocumentFilter]:

@@ -299,18 +299,32 @@ class PerplexityFilter(DocumentFilter):
         per language where `inputs["language"]` gives each text's language.
 
         With fewer than `min_documents` texts there is no distribution to cut: every document is kept.
+        The three steps are also callable apart (`reference_rows`, `fit_model`, `fit_cuts`), so the fit can
+        run where the texts are (`moe_dag.data.fits.fit_source_in_tasks`) with the same result.
         """
         self.language_cuts = {}
         if len(texts) < self.min_documents:
             self.cuts = (-math.inf, math.inf)
             return self
-        reference = self.reference_texts
-        if reference is None:
-            reference = random.Random(self.seed).sample(texts, min(self.reference_documents, len(texts)))
-        self.model = NgramLanguageModel.fit(reference, order=self.order)
+        rows = self.reference_rows(len(texts))
+        self.fit_model(self.reference_texts if rows is None else [texts[i] for i in rows])
+        assert self.model is not None
         scores = np.array([self.model.perplexity(text) for text in texts])
+        return self.fit_cuts(scores, inputs.get("language"))
+
+    def reference_rows(self, documents: int) -> list[int] | None:
+        """Which of the `documents` texts the model trains on, in order (None: the fixed reference texts)."""
+        if self.reference_texts is not None:
+            return None
+        return random.Random(self.seed).sample(range(documents), min(self.reference_documents, documents))
+
+    def fit_model(self, reference: list[str]) -> None:
+        self.model = NgramLanguageModel.fit(reference, order=self.order)
+
+    def fit_cuts(self, scores: np.ndarray, languages: list[str | None] | None) -> PerplexityFilter:
+        """The cuts from the model's perplexity of each text the filter was fitted on, and their languages."""
         known = ~np.isnan(scores)
-        languages = np.array(inputs.get("language") or [None] * len(texts), dtype=object)[known]
+        languages = np.array(languages or [None] * len(scores), dtype=object)[known]
         scores = scores[known]
         source = _log_location_and_spread(scores)
         own = {}
