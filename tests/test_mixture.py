@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import replace
 
 import numpy as np
@@ -13,6 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from moe_dag.assets.bounds import untrained_sources
+from moe_dag.data.engine import run_stage
+from moe_dag.data.lake import Lake
 from moe_dag.data.mixture import (
     MixtureConfig,
     MixtureSampler,
@@ -21,9 +24,17 @@ from moe_dag.data.mixture import (
     build_mixture,
     pack_mixture,
     split_heldout,
+    training_documents,
 )
 from moe_dag.data.mixture.build import heldout_table
+from moe_dag.data.mixture.curated import (
+    TOKENS_STAGE,
+    build_curated_mixture,
+    read_heldout_cuts,
+    train_curated_tokenizer,
+)
 from moe_dag.data.mixture.heldout import heldout_count, heldout_cut, split_at_cut
+from moe_dag.data.mixture.neutral import EXCLUSION_SCHEMA, EXCLUSIONS_STAGE, without_excluded
 from moe_dag.data.mixture.token_shards import token_dtype, write_token_shard
 from moe_dag.data.tokenizer import TokenizerConfig, train_tokenizer
 
@@ -406,3 +417,83 @@ def test_a_source_smaller_than_the_minimum_still_trains(corpus, tmp_path):
     assert not report["sources"]["math"]["trained"]
     (problem,) = untrained_sources(report["sources"], CONFIG.weights)
     assert "'math'" in problem and "no training tokens" in problem and "heldout_max_share" in problem
+
+
+# ------------------------------------------------------------------------------------- from the lake
+
+
+@pytest.fixture
+def scored_lake(corpus, tmp_path):
+    """The corpus as scored_documents in a lake: two shards per source, every seventh document dropped,
+    and a few kept ones excluded as the neutral set's copies."""
+    documents, _ = corpus
+    lake = Lake(tmp_path / "lake")
+    excluded = []
+    for source, table in documents.items():
+        keep = [i % 7 != 3 for i in range(table.num_rows)]
+        scored = table.append_column("keep", pa.array(keep)).append_column(
+            "reason", pa.array([None if k else "too_short" for k in keep], pa.string())
+        )
+        half = scored.num_rows // 2
+        for key, part in (("s0", scored.slice(0, half)), ("s1", scored.slice(half))):
+            lake.write_file(part, lake.shard_path("scored_documents", source, key))
+            lake.write_record("scored_documents", source, key, {"digest": f"{source}-{key}"})
+        excluded += [(source, doc_id, "near_copy") for doc_id in table["id"].to_pylist()[5:8]]
+    rows = {name: [row[i] for row in excluded] for i, name in enumerate(EXCLUSION_SCHEMA.names)}
+    lake.write_table(pa.table(rows, EXCLUSION_SCHEMA), EXCLUSIONS_STAGE)
+    usable = {
+        source: without_excluded(
+            table.filter(pa.array([i % 7 != 3 for i in range(table.num_rows)])),
+            {doc_id for _, doc_id, _ in excluded},
+        )
+        for source, table in documents.items()
+    }
+    return lake, usable
+
+
+def test_the_library_builds_from_the_lake_what_build_mixture_builds_in_memory(scored_lake, tmp_path):
+    """Without Dagster: the tokenizer step scans each source's kept ids once (plus one pass over the text
+    it trains on); the mixture step reads no scored document in this process, tokenises per shard, and
+    writes the files `build_mixture` writes for the same documents and tokenizer, byte for byte."""
+    lake, usable = scored_lake
+    sources = ["math", "cc", "code"]
+    scans = Counter()
+    iter_batches = lake.iter_batches
+
+    def counting(stage, source=None, columns=None, **kwargs):
+        scans[(stage, source)] += 1
+        return iter_batches(stage, source, columns=columns, **kwargs)
+
+    lake.iter_batches = counting
+    trained = train_curated_tokenizer(lake, sources, CONFIG, TokenizerConfig(vocab_size=300))
+    assert scans == {("scored_documents", source): 2 for source in sources}
+
+    scans.clear()
+    report, out_dir = build_curated_mixture(
+        lake, sources, CONFIG, lambda spec, source, inputs: run_stage(spec, lake, source, inputs, workers=0)
+    )
+    assert not scans
+    assert len(lake.records(TOKENS_STAGE, "cc")) == 2  # one token shard per scored shard
+
+    training = training_documents(
+        usable, CONFIG.heldout_fraction, CONFIG.heldout_min_documents, CONFIG.heldout_max_share
+    )
+    assert trained.documents == sum(table.num_rows for table in training.values())
+    in_memory = train_tokenizer(
+        (text for s in sources for text in training[s]["text"].to_pylist()), TokenizerConfig(vocab_size=300)
+    )
+    assert trained.tokenizer.to_str() == in_memory.to_str()
+    expected = build_mixture(usable, trained.tokenizer, CONFIG, tmp_path / "in_memory")
+    assert report == expected
+    for name in ("train.npy", "train_source_tokens.npy", "heldout.parquet", "mixture.json"):
+        assert (out_dir / name).read_bytes() == (tmp_path / "in_memory" / name).read_bytes(), name
+
+
+def test_the_mixture_uses_the_cuts_the_tokenizer_was_trained_around(scored_lake):
+    lake, _ = scored_lake
+    with pytest.raises(ValueError, match="materialise the tokenizer"):
+        read_heldout_cuts(lake, ["cc"])
+    trained = train_curated_tokenizer(lake, ["cc", "code"], CONFIG, TokenizerConfig(vocab_size=300))
+    assert read_heldout_cuts(lake, ["cc", "code"]) == trained.cuts
+    with pytest.raises(ValueError, match=r"predates sources \['math'\]"):
+        read_heldout_cuts(lake, ["cc", "math"])
