@@ -84,11 +84,6 @@ def test_every_language_survives_the_whole_graph(kept_shares):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    reason="issue 20's goal, not met yet: Malayalam calibrates its thresholds on 4-6 unseen documents and "
-    "lands 0.45-0.82 against the source's 0.62-0.65 depending on the sample; the other 21 are within 0.15",
-    strict=False,
-)
 def test_every_language_keeps_close_to_the_source_keep_rate(kept_shares):
     shares, source_rate = kept_shares
     far = {

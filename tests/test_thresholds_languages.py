@@ -86,3 +86,26 @@ def test_thresholds_per_language_survive_a_json_round_trip():
 def test_dominant_script_reads_the_letters():
     assert [dominant_script(TEXTS[k]) for k in ("en", "el", "ko")] == ["LATIN", "GREEK", "HANGUL"]
     assert dominant_script("12 + 34 = 46") == "NONE"
+
+
+def test_a_small_language_also_calibrates_on_the_documents_the_heads_trained_on():
+    """Malayalam on the multilingual fixture kept 0.45-0.82 of its documents against the source's 0.63,
+    calibrated on the 4-6 the oracle sample left unseen: its group now uses the ones trained on too."""
+    rng = np.random.default_rng(1)
+    english = rng.uniform(0.5, 0.9, 200)
+    malayalam = rng.uniform(0.1, 0.3, 12)
+    judge = np.concatenate([english, malayalam])
+    probe = judge + rng.normal(0, 0.02, len(judge))
+    languages = ["en"] * 200 + ["ko"] * 12
+    unseen = np.arange(len(judge)) < 204  # 4 of the small language's 12 are unseen
+    config = CalibrationConfig(exit_z=0.0)
+    texts = [TEXTS[language] for language in languages]
+    thresholds = calibrate_source(probe, judge, KEEP_RATE, config, "general", languages, texts, unseen)
+    assert thresholds.languages["ko"].n_calibration == 12
+    assert kept_share(thresholds, probe, judge, languages, "ko") == pytest.approx(8 / 12)
+    # The source's own thresholds come from the unseen documents alone.
+    only_unseen = calibrate_source(
+        probe[unseen], judge[unseen], KEEP_RATE, config, "general", languages[:204], texts[:204]
+    )
+    assert thresholds.tau_keep == only_unseen.tau_keep
+    assert thresholds.n_calibration == 204

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 
 from moe_dag.data.heads import (
@@ -74,9 +75,18 @@ def distil_heads(
     # The language travels with the documents: calibration is per language inside a source.
     columns = [c for c in ("id", "text", "source", "language") if c in labelled.column_names]
     heldout = labelled.select(columns).take(trained.heldout.index)
+    was_trained_on = ~np.isin(np.arange(labelled.num_rows), trained.heldout.index)
+    trained_on = labelled.select(columns).filter(was_trained_on)
     unseen = pa.concat_tables([heldout, calibration_sample], promote_options="permissive")
     thresholds = calibrate_sources(
-        unseen, backbone, trained.heads, rubrics, keep_rates, calibration_config, backbone_config.batch_size
+        unseen,
+        backbone,
+        trained.heads,
+        rubrics,
+        keep_rates,
+        calibration_config,
+        backbone_config.batch_size,
+        trained_on=trained_on,
     )
     metrics = trained.metrics | heldout_keep_f1(trained.heldout, keep_rates)
     version = save_heads(out_dir, trained.heads, thresholds, backbone_config, metrics)

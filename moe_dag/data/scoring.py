@@ -152,24 +152,46 @@ def calibrate_sources(
     keep_rates: Mapping[str, float],
     config: CalibrationConfig,
     batch_size: int,
+    trained_on: pa.Table | None = None,
 ) -> dict[str, Thresholds]:
     """Thresholds per source from both heads' scores on its calibration documents (id, text, source).
 
-    The documents must be unseen by the heads (held-out labels, calibration sample). A source without
-    any gets no thresholds; `calibration_warnings` reports it.
+    `documents` must be unseen by the heads (held-out labels, calibration sample). A source without any
+    gets no thresholds; `calibration_warnings` reports it. `trained_on` (the same columns): the documents
+    the heads trained on; those of a language short of unseen documents (`min_unseen_per_language`) join
+    its language group's calibration, never the source's.
     """
     thresholds = {}
     for source, keep_rate in keep_rates.items():
         mine = documents.filter(pc.equal(documents["source"], source))
         if not mine.num_rows:
             continue
+        seen = _seen_of_small_languages(mine, trained_on, source, config)
+        unseen = np.arange(mine.num_rows + seen.num_rows) < mine.num_rows
+        mine = pa.concat_tables([mine, seen.select(mine.column_names)]) if seen.num_rows else mine
         everything = Thresholds(tau_drop=-math.inf, tau_keep=0.0, rubric=rubrics[source])  # no early exit
         scored = score_documents(mine, backbone, heads, everything, batch_size)
         probe, judge = scored["probe_score"].to_numpy(), scored["judge_score"].to_numpy()
+        texts = mine["text"].to_pylist()
         thresholds[source] = calibrate_source(
-            probe, judge, keep_rate, config, rubrics[source], _languages(mine), mine["text"].to_pylist()
+            probe, judge, keep_rate, config, rubrics[source], _languages(mine), texts, unseen
         )
     return thresholds
+
+
+def _seen_of_small_languages(
+    unseen: pa.Table, trained_on: pa.Table | None, source: str, config: CalibrationConfig
+) -> pa.Table:
+    """The documents of `source` the heads trained on whose language has fewer than
+    `min_unseen_per_language` unseen documents (none without languages or per-language thresholds)."""
+    if trained_on is None or not config.per_language or "language" not in unseen.column_names:
+        return unseen.slice(0, 0)
+    seen = trained_on.filter(pc.equal(trained_on["source"], source))
+    if "language" not in seen.column_names:
+        return unseen.slice(0, 0)
+    counts = pc.value_counts(unseen["language"]).to_pylist()
+    large = [c["values"] for c in counts if c["counts"] >= config.min_unseen_per_language]
+    return seen.filter(pc.invert(pc.is_in(seen["language"], value_set=pa.array(large, pa.string()))))
 
 
 def calibration_warnings(
