@@ -1,21 +1,30 @@
 """Mixture search on the demo corpus: a swarm of small proxies, a regression from mixture weights to
-neutral-set bits per byte, the proposal validated by one more proxy, against the configured mixture.
+neutral-set bits per byte, the proposal validated against the configured mixture.
 
-Baseline: `configured`, a proxy of the same size and steps trained on configs/demo.yaml's weights.
+Baseline: `configured`, proxies of the same preset and steps trained on configs/demo.yaml's weights.
 
 The corpus is built in memory-light steps without the curation stages (the search is about weights,
 not filters): the demo corpus's raw documents, the neutral set drawn by id hash and removed with its
-exact copies, a tokenizer trained on the rest, one token shard per source; then every candidate packs
-those shards to its weights (nothing tokenised again) and trains `python -m moe_dag.training` with
-`--eval-on` the neutral set, `--parallel` at a time. Prints per candidate its shares and achieved bits
-per byte, the models' leave-one-out errors, the proposal; last line JSON: `bench`, `candidates`,
-`spearman_loo`, `model`, `loo_rmse`, `predicted`, `predicted_interval`, `achieved`,
-`validation_error` (achieved - predicted) with `validation_error_ci` (+- 1.96 leave-one-out RMSE: the
-error the fit makes on unseen runs; every run is scored on the same neutral documents, so their own
-interval, `achieved_ci`, moves all runs together and is not the prediction's), `inside_predicted_interval`,
-`gain_vs_configured` (proposal - configured, negative: the proposal is better) with its paired 95%
-interval, `gain_resolved`, `wall_s`. Options: `--candidates`, `--steps`, `--parallel`,
-`--docs-per-source`, `--neutral-per-source`, `--concentration`, `--keep` (a folder to keep the runs in).
+exact copies, a tokenizer trained on the rest, one token shard per source. Then every candidate packs
+those shards to its weights (an index-level view: nothing is tokenised again, and each source's
+documents come in the same seeded order for every candidate, so candidates differ only in their
+weights) and a proxy of mixture_search's preset trains on it and is scored on the neutral set, the same
+documents for every proxy. `--parallel` worker processes train the proxies, each on its share of the
+cores, importing torch once rather than once per proxy. The configured mixture and the proposal are
+trained `--final-seeds` times (initialisation and document order), their per-document losses averaged,
+and compared with a paired bootstrap over the neutral documents.
+
+Prints per candidate its shares and achieved bits per byte, the models' leave-one-out errors, the
+proposal; last line JSON: `bench`, `candidates`, `steps`, `concentration`, `preset`, `params`,
+`spearman_loo`, `model`, `loo_rmse`, `spread` (standard deviation of the candidates' losses),
+`predicted`, `predicted_interval` (+- 1.96 leave-one-out RMSE: the error the fit makes on unseen runs),
+`achieved` (mean over the final seeds), `validation_error` (achieved - predicted) with
+`validation_error_ci`, `inside_predicted_interval`, `configured`, `gain_vs_configured` (proposal -
+configured, negative: the proposal is better) with its paired 95% interval `gain_vs_configured_ci`,
+`gain_resolved`, `seed_sd` (one proxy's training noise, from the final seeds' differences),
+`profile` (per proxy: training and scoring seconds, steps per second), `build_s`, `swarm_s`, `wall_s`.
+Options: `--candidates`, `--steps`, `--concentration`, `--parallel`, `--final-seeds`,
+`--docs-per-source`, `--neutral-share`, `--keep` (a folder to keep the runs in).
 """
 
 from __future__ import annotations
@@ -23,12 +32,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
+import multiprocessing
 import os
-import subprocess
-import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -43,20 +52,26 @@ from moe_dag.data.mixture.search import (
     MixtureSearchConfig,
     config_snippet,
     fit_regressions,
+    mean_document_losses,
     pack_candidate,
     propose,
+    replica_name,
     sample_candidates,
     shares_of,
 )
 from moe_dag.data.readers import list_shards, read_shards
 from moe_dag.data.tokenizer import eos_id, train_tokenizer
 from moe_dag.training.compare import average_bits_per_byte
+from moe_dag.training.config import apply_overrides
+from moe_dag.training.config import preset as read_preset
 from moe_dag.training.evaluate import EVAL_DOCUMENTS_FILE, EVAL_FILE
 
 REPO = Path(__file__).resolve().parent.parent
+CONFIGURED, PROPOSAL = "configured", "proposal"
+EVAL_BATCH = 64  # windows scored at once: fewer, larger forward passes than the trainer's default 16
 
 
-def build_corpus(work: Path, docs_per_source: int, neutral_per_source: int):
+def build_corpus(work: Path, docs_per_source: int, neutral_share: float):
     """(token shards per source, tokenizer vocab and eos, neutral set folder, config) on the demo corpus."""
     config = load_config(REPO / "configs" / "demo.yaml")
     corpus = dataclasses.replace(config.demo_corpus, docs_per_source=docs_per_source)
@@ -65,9 +80,7 @@ def build_corpus(work: Path, docs_per_source: int, neutral_per_source: int):
     for source in config.source_names:
         documents = read_shards(list_shards(str(work / "corpus" / source)), source).documents
         raw[source] = documents.select(["id", "text"])
-    neutral, excluded = select_neutral(
-        config.source_names, lambda s: iter([raw[s]]), neutral_per_source, None
-    )
+    neutral, excluded = select_neutral(config.source_names, lambda s: iter([raw[s]]), neutral_share)
     excluded_ids = set(excluded["id"].to_pylist())
     training = {source: without_excluded(table, excluded_ids) for source, table in raw.items()}
     tokenizer = train_tokenizer(
@@ -87,18 +100,29 @@ def build_corpus(work: Path, docs_per_source: int, neutral_per_source: int):
     return shards, tokenizer.get_vocab_size(with_added_tokens=True), eos, neutral_dir, config
 
 
-def train_proxy(data_dir: Path, neutral_dir: Path, search: MixtureSearchConfig, threads: int) -> Path:
-    out = data_dir / "run"
-    command = [sys.executable, "-m", "moe_dag.training", "--data", str(data_dir), "--out", str(out)]
-    command += ["--preset", "demo", "--steps", str(search.steps), "--eval-on", str(neutral_dir)]
-    settings = {**search.overrides, "train.num_threads": threads, "train.checkpoint_every": search.steps}
-    for key, value in settings.items():
-        command += ["--set", f"{key}={value}"]
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
-    if done.returncode:
-        raise SystemExit(f"training {data_dir.name} failed:\n{done.stderr[-3000:]}")
-    return out
+def _worker_setup() -> None:
+    logging.basicConfig(level=logging.WARNING)
+
+
+def train_proxy(data_dir: str, neutral_dir: str, argv: list[str]) -> dict[str, float]:
+    """In a worker process: train `python -m moe_dag.training`'s way (`argv` its options) and score the
+    run on the neutral set; the seconds each took."""
+    from moe_dag.training.__main__ import parse_args, resolve_config
+    from moe_dag.training.evaluate import evaluate_run
+    from moe_dag.training.trainer import train
+
+    out = Path(data_dir) / "run"
+    config = resolve_config(parse_args(["--data", data_dir, "--out", str(out), *argv]))
+    started = time.perf_counter()
+    summary = train(config, Path(data_dir), out)
+    trained = time.perf_counter()
+    evaluate_run(out, Path(neutral_dir), batch_size=EVAL_BATCH)
+    return {
+        "train_s": trained - started,
+        "eval_s": time.perf_counter() - trained,
+        "steps_per_s": summary["steps_per_second"],
+        "params": summary["params"]["total"],
+    }
 
 
 def per_source_losses(run: Path) -> dict[str, float]:
@@ -107,56 +131,95 @@ def per_source_losses(run: Path) -> dict[str, float]:
 
 
 def main() -> None:
+    defaults = MixtureSearchConfig()
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--candidates", type=int, default=16)
-    parser.add_argument("--steps", type=int, default=MixtureSearchConfig.steps)
-    parser.add_argument("--parallel", type=int, default=2)
+    parser.add_argument("--candidates", type=int, default=defaults.candidates)
+    parser.add_argument("--steps", type=int, default=defaults.steps)
+    parser.add_argument("--concentration", type=float, default=defaults.concentration)
+    parser.add_argument("--parallel", type=int, default=defaults.parallel)
+    parser.add_argument("--final-seeds", type=int, default=defaults.final_seeds)
     parser.add_argument("--docs-per-source", type=int, default=1500)
-    parser.add_argument("--neutral-per-source", type=int, default=150)
-    parser.add_argument("--concentration", type=float, default=MixtureSearchConfig.concentration)
+    parser.add_argument("--neutral-share", type=float, default=0.1)
     parser.add_argument("--keep", type=Path, help="keep the corpus, shards and runs in this folder")
     args = parser.parse_args()
     started = time.perf_counter()
-    search = MixtureSearchConfig(
-        candidates=args.candidates, steps=args.steps, parallel=args.parallel, concentration=args.concentration
+    search = dataclasses.replace(
+        defaults,
+        candidates=args.candidates,
+        steps=args.steps,
+        concentration=args.concentration,
+        parallel=args.parallel,
+        final_seeds=args.final_seeds,
     )
+    threads = max(1, (os.cpu_count() or 1) // search.parallel)
+    # Read by the workers' OpenMP when they import torch (see moe_dag/training/__main__.py).
+    os.environ.update({"OMP_NUM_THREADS": str(threads), "OMP_WAIT_POLICY": "PASSIVE"})
     with tempfile.TemporaryDirectory() as scratch:
         work = args.keep or Path(scratch)
-        shards, vocab, eos, neutral_dir, config = build_corpus(
-            work, args.docs_per_source, args.neutral_per_source
-        )
+        shards, vocab, eos, neutral_dir, config = build_corpus(work, args.docs_per_source, args.neutral_share)
+        build_s = time.perf_counter() - started
         sources = sorted(shards)
         weights = config.mixture.weights
-        rows = config.mixture.seq_len + 1
-        budget = search.steps * int(search.overrides["train.batch_size"]) * rows
+        settings = {**search.overrides, "train.num_threads": threads, "train.checkpoint_every": search.steps}
+        preset = search.preset or config.training.preset
+        overrides = [f"{key}={value}" for key, value in settings.items()]
+        options = ["--preset", preset, "--steps", str(search.steps)]
+        options += [item for override in overrides for item in ("--set", override)]
+        train = apply_overrides(read_preset(preset), overrides).train
+        budget = search.steps * train.batch_size * train.grad_accum_steps * (config.mixture.seq_len + 1)
         recipe = dataclasses.replace(config.mixture, total_tokens=budget)
         capacity = {s: int(sum(shard.lengths.sum() for shard in shards[s].shards)) for s in sources}
         shares_CS = sample_candidates(weights, capacity, budget, recipe.max_epochs, search)
-        threads = max(1, (os.cpu_count() or 1) // search.parallel)
-
-        def run(name: str, shares: dict[str, float]) -> Path:
-            folder = work / "candidates" / name
-            pack_candidate(shards, shares, vocab, eos, recipe, folder)
-            return train_proxy(folder, neutral_dir, search, threads)
-
         names = [f"c{i:03d}" for i in range(len(shares_CS))]
-        jobs = {n: dict(zip(sources, row, strict=True)) for n, row in zip(names, shares_CS, strict=True)}
-        jobs["configured"] = shares_of(weights)
-        with ThreadPoolExecutor(search.parallel) as pool:
-            runs = dict(zip(jobs, pool.map(run, jobs, jobs.values()), strict=True))
-        swarm_s = time.perf_counter() - started
-        losses = {s: np.array([per_source_losses(runs[n])[s] for n in names]) for s in sources}
-        losses[AVERAGE] = np.mean([losses[s] for s in sources], axis=0)
-        fit = fit_regressions(sources, shares_CS, losses)
-        for name, row, loss, loo in zip(names, shares_CS, losses[AVERAGE], fit.loo_predictions, strict=True):
-            shown = " ".join(f"{s}={share:.3f}" for s, share in zip(sources, row, strict=True))
-            print(f"{name}: {shown}  bits/byte {loss:.4f}  leave-one-out predicted {loo:.4f}")
-        print("leave-one-out RMSE: " + ", ".join(f"{m} {e:.4f}" for m, e in fit.loo_rmse.items()))
-        proposal = propose(fit, weights, capacity, budget, recipe.max_epochs, search)
-        print(config_snippet(proposal))
-        runs["proposal"] = run("proposal", proposal.shares)
-        tables = [pq.read_table(runs[n] / EVAL_DOCUMENTS_FILE) for n in ("configured", "proposal")]
-        points, own, paired = average_bits_per_byte(tables)
+        jobs = {
+            n: dict(zip(sources, map(float, row), strict=True))
+            for n, row in zip(names, shares_CS, strict=True)
+        }
+        configured = shares_of(weights)
+        seeds = range(search.final_seeds)
+        jobs |= {replica_name(CONFIGURED, seed): configured for seed in seeds}
+        runs: dict[str, Path] = {}
+        profiles: dict[str, dict[str, float]] = {}
+
+        def submit(pool: ProcessPoolExecutor, name: str, shares: dict[str, float]):
+            seed = int(name.rpartition("_seed")[2]) if "_seed" in name else 0
+            folder = work / "runs" / name
+            pack_candidate(
+                shards, shares, vocab, eos, dataclasses.replace(recipe, seed=recipe.seed + seed), folder
+            )
+            runs[name] = folder / "run"
+            return pool.submit(train_proxy, str(folder), str(neutral_dir), [*options, "--seed", str(seed)])
+
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(search.parallel, mp_context=context, initializer=_worker_setup) as pool:
+            futures = {name: submit(pool, name, shares) for name, shares in jobs.items()}
+            profiles |= {name: future.result() for name, future in futures.items()}
+            swarm_s = time.perf_counter() - started
+            losses = {s: np.array([per_source_losses(runs[n])[s] for n in names]) for s in sources}
+            losses[AVERAGE] = np.mean([losses[s] for s in sources], axis=0)
+            fit = fit_regressions(sources, shares_CS, losses)
+            for name, row, loss, loo in zip(
+                names, shares_CS, losses[AVERAGE], fit.loo_predictions, strict=True
+            ):
+                shown = " ".join(f"{s}={share:.3f}" for s, share in zip(sources, row, strict=True))
+                print(f"{name}: {shown}  bits/byte {loss:.4f}  leave-one-out predicted {loo:.4f}")
+            print("leave-one-out RMSE: " + ", ".join(f"{m} {e:.4f}" for m, e in fit.loo_rmse.items()))
+            proposal = propose(fit, weights, capacity, budget, recipe.max_epochs, search)
+            print(config_snippet(proposal))
+            futures = {
+                replica_name(PROPOSAL, s): submit(pool, replica_name(PROPOSAL, s), proposal.shares)
+                for s in seeds
+            }
+            profiles |= {name: future.result() for name, future in futures.items()}
+
+        def replicas(name: str) -> list:
+            return [pq.read_table(runs[replica_name(name, s)] / EVAL_DOCUMENTS_FILE) for s in seeds]
+
+        finals = [mean_document_losses(replicas(CONFIGURED)), mean_document_losses(replicas(PROPOSAL))]
+        points, own, paired = average_bits_per_byte(finals)
+        # One proxy's training noise: the spread of each mixture's replicas about their mean, pooled.
+        spreads = [np.var(average_bits_per_byte(replicas(n))[0], ddof=1) for n in (CONFIGURED, PROPOSAL)]
+        seed_sd = float(np.sqrt(np.mean(spreads))) if search.final_seeds > 1 else None
     achieved, achieved_ci = points[1], own[1]
     gain, gain_ci = points[1] - points[0], paired[1]
     low, high = proposal.predicted_interval
@@ -164,13 +227,19 @@ def main() -> None:
         f"proposal: predicted {proposal.predicted:.4f} ({low:.4f}-{high:.4f}), achieved {achieved:.4f}; "
         f"configured {points[0]:.4f}; gain {gain:+.4f} ({gain_ci[0]:+.4f} to {gain_ci[1]:+.4f})"
     )
+    swarm = [profiles[n] for n in names]
     result = {
         "bench": "mixture_search",
         "candidates": len(names),
         "steps": search.steps,
+        "concentration": search.concentration,
+        "preset": preset,
+        "params": int(swarm[0]["params"]),
+        "final_seeds": search.final_seeds,
         "spearman_loo": round(fit.spearman_loo, 3),
         "model": fit.model_name,
         "loo_rmse": {m: round(e, 4) for m, e in fit.loo_rmse.items()},
+        "spread": round(float(np.std(losses[AVERAGE], ddof=1)), 4),
         "proposal": {s: round(v, 3) for s, v in proposal.shares.items()},
         "predicted": round(proposal.predicted, 4),
         "predicted_interval": [round(low, 4), round(high, 4)],
@@ -183,6 +252,12 @@ def main() -> None:
         "gain_vs_configured": round(gain, 4),
         "gain_vs_configured_ci": [round(v, 4) for v in gain_ci],
         "gain_resolved": not gain_ci[0] <= 0 <= gain_ci[1],
+        "seed_sd": None if seed_sd is None else round(seed_sd, 4),
+        "profile": {
+            key: round(float(np.mean([p[key] for p in swarm])), 2)
+            for key in ("train_s", "eval_s", "steps_per_s")
+        },
+        "build_s": round(build_s, 1),
         "swarm_s": round(swarm_s, 1),
         "wall_s": round(time.perf_counter() - started, 1),
     }

@@ -73,17 +73,23 @@ def _shards(pipeline: PipelineResource) -> dict[str, SourceTokens]:
     return shards
 
 
-def swarm_launch(pipeline: PipelineResource) -> TrainingLaunchConfig:
-    """The training section shrunk to a swarm proxy: mixture_search's overrides and steps, one process,
-    one checkpoint, and the cores shared by the proxies trained at once."""
+def swarm_launch(pipeline: PipelineResource, seed: int = 0) -> TrainingLaunchConfig:
+    """The swarm's proxy: mixture_search's preset (else the training section's) with its steps and
+    overrides, one process, one checkpoint, and the cores shared by the proxies trained at once; `seed`
+    added to the training seed (a replica of a deciding proxy)."""
     search, launch = pipeline.config.mixture_search, pipeline.config.training
     threads = max(1, (os.cpu_count() or 1) // search.parallel)
     settings = {"parallel.ep": 1, "train.checkpoint_every": search.steps, "train.num_threads": threads}
+    overrides = {**settings, **search.overrides}
+    if search.preset is None:  # the training section's model, with its overrides
+        overrides = {**launch.overrides, **overrides}
     return dataclasses.replace(
         launch,
+        preset=search.preset or launch.preset,
         steps=search.steps,
+        seed=launch.seed + seed,
         nproc_per_node=1,
-        overrides={**launch.overrides, **settings, **search.overrides},
+        overrides=overrides,
     )
 
 
