@@ -12,6 +12,7 @@ import sys
 import time
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from moe_dag.data.engine import ShardStageError, StageSpec, run_stage, upstream_inputs
@@ -233,3 +234,103 @@ def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def test_a_row_range_is_read_in_the_batches_of_the_whole_file(tmp_path):
+    from moe_dag.data.engine.blocks import read_rows
+    from moe_dag.data.lake import read_batches
+
+    lake, path = Lake(tmp_path / "lake"), str(tmp_path / "s0.parquet")
+    with pq.ParquetWriter(path, pa.schema([("x", pa.int64())])) as w:
+        first = 0
+        for size in (1500, 1500, 0, 3000, 100):  # row groups that straddle the batches
+            w.write_table(pa.table({"x": pa.array(range(first, first + size), pa.int64())}))
+            first += size
+    whole = [batch["x"].to_pylist() for batch in read_batches(path, lake.fs, batch_rows=2048)]
+    assert [len(rows) for rows in whole] == [2048, 2048, 2004]
+    assert [b["x"].to_pylist() for b in read_rows(path, lake.fs, (2048, 4096), batch_rows=2048)] == [whole[1]]
+    assert [b["x"].to_pylist() for b in read_rows(path, lake.fs, (4096, 6100), batch_rows=2048)] == [whole[2]]
+    assert [b.num_rows for b in read_rows(path, lake.fs, (0, 6100), batch_rows=1000)] == [1000] * 6 + [100]
+    assert [b["x"].to_pylist() for b in read_rows(path, lake.fs, (3000, 3005))] == [list(range(3000, 3005))]
+
+
+BIG_SHARD = 2048 + 300  # documents: two blocks of 2,048 rows at most
+
+
+def big_shard(tmp_path, name: str) -> Lake:
+    return ingested(tmp_path, name, shards=1, docs=BIG_SHARD)
+
+
+def fitted_prefilter_spec(lake: Lake) -> StageSpec:
+    """The prefilter fitted on the source once, as the asset does: an unfitted perplexity cut fits on
+    the first batch each worker sees, which no split (or worker count) could reproduce."""
+    from moe_dag.data.filters import fit_to_source
+
+    config = PrefilterConfig()
+    filters = fit_to_source(
+        build_prefilters(config, "web", ["en"]), lake.iter_batches("raw_documents", "web"), 500
+    )
+    return StageSpec(
+        outputs=("prefiltered",),
+        make_work=functools.partial(FilterWork, "prefiltered", functools.partial(list, filters)),
+        params=repr(config),
+        actor_pool=True,
+    )
+
+
+def signature_spec() -> StageSpec:
+    from moe_dag.data.dedup import MinHashConfig
+    from moe_dag.data.engine.stages import SignatureWork
+
+    return StageSpec(
+        outputs=("minhash_signatures",), make_work=functools.partial(SignatureWork, MinHashConfig())
+    )
+
+
+@pytest.mark.slow
+def test_one_large_shard_split_into_blocks_equals_the_unsplit_run(tmp_path, local_ray):
+    """A source of one shard keeps two workers busy: its blocks run as tasks (signatures) or on an
+    actor pool (the prefilter), and the joined file and record equal the unsplit run's."""
+    whole, blocks = big_shard(tmp_path, "whole"), big_shard(tmp_path, "blocks")
+    prefilter = fitted_prefilter_spec(whole)
+    for lake, workers, block_rows in ((whole, 0, None), (blocks, 2, 2048)):
+        for spec, upstream in ((prefilter, "raw_documents"), (signature_spec(), "prefiltered")):
+            inputs = upstream_inputs(lake, upstream, "web")
+            run_stage(spec, lake, "web", inputs, workers=workers, block_rows=block_rows)
+    for stage in ("prefiltered", "minhash_signatures"):
+        [split_record] = blocks.records(stage, "web").values()
+        [whole_record] = whole.records(stage, "web").values()
+        assert split_record["blocks"] == 2 and "blocks" not in whole_record
+        assert len(split_record["nodes"]) == 1  # the local Ray's one node ran the blocks and the join
+        assert split_record["digest"] == whole_record["digest"]  # the next stage cannot tell
+        ignored = ("filters", "seconds")  # timings
+        assert {k: v for k, v in split_record["counts"].items() if k not in ignored} == {
+            k: v for k, v in whole_record["counts"].items() if k not in ignored
+        }
+        split_file, whole_file = (lake.shard_path(stage, "web", "shard-000") for lake in (blocks, whole))
+        assert pq.read_table(split_file).equals(pq.read_table(whole_file))
+        layout = [pq.ParquetFile(path).metadata.num_row_groups for path in (split_file, whole_file)]
+        assert layout[0] == layout[1]
+        assert not (tmp_path / "blocks" / stage / "source=web" / "_blocks").exists()
+    assert blocks.records("prefiltered", "web")["shard-000"]["counts"]["documents"] == BIG_SHARD
+
+
+@pytest.mark.slow
+def test_a_split_shard_redoes_only_its_unfinished_blocks(tmp_path, local_ray):
+    """Blocks finished before a crash keep their records; the rerun runs the others, then joins."""
+    from moe_dag.data.engine import process_shard
+    from moe_dag.data.engine.blocks import split
+
+    lake = big_shard(tmp_path, "lake")
+    spec, [shard] = fitted_prefilter_spec(lake), upstream_inputs(lake, "raw_documents", "web")
+    first, second = split(shard, BIG_SHARD, 2048)
+    # What a run killed before its first block finished left behind.
+    assert "error" not in process_shard(spec, spec.make_work(), lake, "web", second)
+    assert lake.records("prefiltered", "web") == {}  # no shard record before every block is in
+
+    rerun = run_stage(spec, lake, "web", [shard], workers=2, block_rows=2048)
+    assert rerun.documents_run == 2048  # the first block only
+    whole = big_shard(tmp_path, "whole")
+    run_stage(spec, whole, "web", upstream_inputs(whole, "raw_documents", "web"), workers=0)
+    assert sorted_rows(lake, "prefiltered").equals(sorted_rows(whole, "prefiltered"))
+    assert rerun.records["shard-000"]["counts"]["documents"] == BIG_SHARD

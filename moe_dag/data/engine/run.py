@@ -18,12 +18,13 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import pyarrow as pa
 from tqdm.auto import tqdm
 
+from moe_dag.data.engine.blocks import clean_blocks, commit_blocks, finished_blocks, row_count, split
 from moe_dag.data.engine.cluster import cluster_cpus
 from moe_dag.data.engine.shards import ShardInput, plan_shards
 from moe_dag.data.engine.stage import StageSpec, merge_counts, process_shard
@@ -63,38 +64,56 @@ def run_stage(
     *,
     workers: int | None = None,
     log: Callable[[str], None] | None = None,
+    block_rows: int | None = None,
 ) -> StageRun:
     """Bring `source`'s slice of the stage up to date with `inputs`.
 
     `workers`: shards processed at once on the connected Ray (None: one per CPU of the cluster); 0 runs
-    them one after another in this process, without Ray (a debugger, a notebook)."""
+    them one after another in this process, without Ray (a debugger, a notebook). `block_rows`: when
+    the stage has fewer shards to do than workers, a shard of more rows is split into blocks of about
+    this many rows, each its own task (blocks.py); None never splits."""
     plan = plan_shards(lake, spec.outputs, spec.params, source, inputs)
     name = f"{spec.stage} [{source}]"
     if log and (plan.done or plan.removed):
         done, todo, removed = len(plan.done), len(plan.todo), len(plan.removed)
         log(f"{name}: {done} shards already done, {todo} to do, {removed} removed")
     started = time.perf_counter()
+    slots = 1 if workers == 0 else workers or cluster_cpus()
+    items, blocks, block_records = _work_items(spec, lake, source, plan.todo, slots, block_rows)
+    if log and blocks:
+        log(f"{name}: {len(blocks)} shards split into {sum(map(len, blocks.values()))} blocks")
     records = dict(plan.done)
     errors, documents, finished, last_log = [], 0, 0, started
-    with tqdm(total=len(plan.todo), desc=name, unit="shard", disable=None if plan.todo else True) as bar:
-        for result in _results(spec, lake, source, plan.todo, workers):
+    with tqdm(total=len(items), desc=name, unit="task", disable=None if items else True) as bar:
+        for result in _results(spec, lake, source, items, workers, slots):
             bar.update(1)
             finished += 1
             if "error" in result:
                 errors.append(result["error"])
                 continue
-            records[result["key"]] = result["record"]
+            if result.get("rows") is None:
+                records[result["key"]] = result["record"]
+            else:
+                block_records[result["key"]][tuple(result["rows"])] = result["record"]
             documents += int(result["record"]["counts"].get("documents", 0))
             rate = documents / max(time.perf_counter() - started, 1e-9)
             bar.set_postfix(documents=documents, docs_per_s=round(rate))
             if log and time.perf_counter() - last_log >= LOG_EVERY_S:
                 last_log = time.perf_counter()
-                log(f"{name}: {finished}/{len(plan.todo)} shards, {documents} documents, {rate:.0f} docs/s")
+                log(f"{name}: {finished}/{len(items)} done, {documents} documents, {rate:.0f} docs/s")
+    complete = {key: parts for key, parts in blocks.items() if len(block_records[key]) == len(parts)}
+    for result in _commits(spec, lake, source, complete, block_records, workers):
+        if "error" in result:
+            errors.append(result["error"])
+        else:
+            records[result["key"]] = result["record"]
+    if blocks:  # the folders of joined shards go; the blocks of the others wait for the rerun
+        clean_blocks(lake, spec.outputs, source, {k: v for k, v in blocks.items() if k not in records})
     seconds = time.perf_counter() - started
     if errors:
         raise ShardStageError(
-            f"{name}: {len(errors)} of {len(plan.todo)} shards failed (the others are done; a rerun "
-            "redoes only the failed ones):\n" + "\n".join(errors)
+            f"{name}: {len(errors)} of {len(items)} {'shards and blocks' if blocks else 'shards'} failed "
+            "(the others are done; a rerun redoes only the failed ones):\n" + "\n".join(errors)
         )
     run = StageRun(
         spec.stage,
@@ -111,14 +130,40 @@ def run_stage(
     return run
 
 
+def _work_items(
+    spec: StageSpec,
+    lake: Lake,
+    source: str,
+    todo: list[ShardInput],
+    slots: int,
+    block_rows: int | None,
+) -> tuple[list[ShardInput], dict[str, list[ShardInput]], dict[str, dict[tuple[int, int], dict]]]:
+    """What to run: whole shards, and the unfinished blocks of the shards split now; returns the
+    items, the blocks of each split shard and the block records already valid, by shard key.
+
+    Splitting pays one more write of the shard (the commit), so it happens only when whole shards
+    would leave workers idle: a source of many shards keeps every worker busy without it."""
+    blocks: dict[str, list[ShardInput]] = {}
+    if block_rows is not None and spec.splittable and len(todo) < slots:
+        for shard in todo:
+            rows = row_count(lake, shard.path)
+            if rows > block_rows:
+                blocks[shard.key] = split(shard, rows, block_rows)
+    clean_blocks(lake, spec.outputs, source, blocks)
+    done = {key: finished_blocks(lake, spec.stage, source, blocks[key], spec.digest) for key in blocks}
+    items = [shard for shard in todo if shard.key not in blocks]
+    items += [block for key, parts in blocks.items() for block in parts if block.rows not in done[key]]
+    return items, blocks, done
+
+
 def _results(
-    spec: StageSpec, lake: Lake, source: str, todo: list[ShardInput], workers: int | None
+    spec: StageSpec, lake: Lake, source: str, todo: list[ShardInput], workers: int | None, slots: int
 ) -> Iterator[dict]:
     if not todo:
         return iter(())
     if workers == 0:
         return _in_process(spec, lake, source, todo)
-    return _on_ray(spec, lake.url, source, todo, workers or cluster_cpus())
+    return _on_ray(spec, lake.url, source, todo, slots)
 
 
 def _in_process(spec: StageSpec, lake: Lake, source: str, todo: list[ShardInput]) -> Iterator[dict]:
@@ -127,12 +172,42 @@ def _in_process(spec: StageSpec, lake: Lake, source: str, todo: list[ShardInput]
         yield process_shard(spec, work, lake, source, shard)
 
 
+def _commits(
+    spec: StageSpec,
+    lake: Lake,
+    source: str,
+    blocks: dict[str, list[ShardInput]],
+    records: dict[str, dict[tuple[int, int], dict]],
+    workers: int | None,
+) -> Iterator[dict]:
+    """Join each fully done split shard's blocks into its file and record, as one task per shard."""
+    calls = [
+        (spec, lake.url, source, replace(parts[0], rows=None), [records[key][b.rows] for b in parts])
+        for key, parts in blocks.items()
+    ]
+    if workers == 0:
+        yield from (_commit(*call) for call in calls)
+        return
+    import ray
+
+    commit = ray.remote(num_cpus=1)(_commit)
+    pending = [commit.remote(*call) for call in calls]
+    while pending:
+        ready, pending = ray.wait(pending)
+        yield from ray.get(ready)
+
+
+def _commit(spec: StageSpec, lake_url: str, source: str, shard: ShardInput, records: list[dict]) -> dict:
+    return commit_blocks(spec, Lake(lake_url), source, shard, records)
+
+
 def _on_ray(
     spec: StageSpec, lake_url: str, source: str, todo: list[ShardInput], workers: int
 ) -> Iterator[dict]:
     import ray.data
 
-    items = [asdict(shard) for shard in todo]
+    # JSON, because a block's row range would not survive Arrow's inference beside whole shards' nulls.
+    items = [{"item": json.dumps(asdict(shard))} for shard in todo]
     dataset = ray.data.from_items(items, override_num_blocks=len(items))
     size = min(workers, len(items))
     common = {"batch_size": 1, "batch_format": "pyarrow", "num_cpus": 1}
@@ -172,5 +247,11 @@ class _ShardActor:
 
 def _process_batch(batch: pa.Table, spec: StageSpec, work: Any, lake: Lake, source: str) -> pa.Table:
     # JSON, because count dicts differ from shard to shard and Arrow would need one struct type for all.
-    results = [process_shard(spec, work, lake, source, ShardInput(**row)) for row in batch.to_pylist()]
+    shards = [_shard_input(row["item"]) for row in batch.to_pylist()]
+    results = [process_shard(spec, work, lake, source, shard) for shard in shards]
     return pa.table({"result": [json.dumps(result) for result in results]})
+
+
+def _shard_input(item: str) -> ShardInput:
+    fields = json.loads(item)
+    return ShardInput(**{**fields, "rows": None if fields["rows"] is None else tuple(fields["rows"])})

@@ -33,6 +33,7 @@ class ShardInput:
     key: str
     path: str  # the file the stage reads for this shard
     fingerprint: str  # the identity of that file's content, as far as the output depends on it
+    rows: tuple[int, int] | None = None  # a block of the shard: rows [start, stop) of `path` (blocks.py)
 
 
 @dataclass
@@ -92,7 +93,8 @@ def output_digest(record: dict[str, Any]) -> str:
 
 
 def shard_digest(stage: str, params: str, shard: ShardInput) -> str:
-    return digest_text(stage, params, shard.key, shard.fingerprint)
+    block = [] if shard.rows is None else [f"rows {shard.rows[0]}-{shard.rows[1]}"]
+    return digest_text(stage, params, shard.key, shard.fingerprint, *block)
 
 
 def digest_text(*parts: str) -> str:

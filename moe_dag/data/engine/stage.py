@@ -14,24 +14,31 @@ can call it in a loop.
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 import traceback
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from moe_dag.data.atomic import atomic_write
+from moe_dag.data.engine.blocks import block_path, write_block_record
 from moe_dag.data.engine.shards import ShardInput, file_sizes, shard_digest
 from moe_dag.data.lake import Lake
 
 
 class ShardWork(ABC):
     """A stage's work on one shard. Built once per worker: load models in `__init__`."""
+
+    # Whether a block of the shard (`shard.rows`) can be processed alone and the blocks' tables
+    # concatenated into the whole shard's output (blocks.py): true of work that reads its input only
+    # through `kept_batches`, decides row by row (or batch by batch) and writes only tables.
+    splittable: ClassVar[bool] = False
 
     @abstractmethod
     def process(self, shard: ShardInput, out: ShardOutput) -> dict[str, Any]:
@@ -53,6 +60,13 @@ class StageSpec:
 
     def digest(self, shard: ShardInput) -> str:
         return shard_digest(self.stage, self.params, shard)
+
+    @property
+    def splittable(self) -> bool:
+        """Whether the work's class says its shards may be split into blocks (read off the factory, a
+        class or a `functools.partial` of one, so that the driver builds no model to learn it)."""
+        factory = getattr(self.make_work, "func", self.make_work)
+        return isinstance(factory, type) and issubclass(factory, ShardWork) and factory.splittable
 
 
 class TableWriter:
@@ -78,8 +92,9 @@ class TableWriter:
 class ShardOutput:
     """The files one shard writes, committed together by `process_shard`."""
 
-    def __init__(self, lake: Lake, source: str, key: str) -> None:
+    def __init__(self, lake: Lake, source: str, key: str, block: ShardInput | None = None) -> None:
         self.lake, self.source, self.key = lake, source, key
+        self.block = block  # writing one block of the shard: files go to its block folder (blocks.py)
         # What the work saw of its input file (size, checksum), kept as is in the completion record.
         self.read: dict[str, Any] | None = None
         self._stack = contextlib.ExitStack()
@@ -88,14 +103,17 @@ class ShardOutput:
 
     def table(self, stage: str, schema: pa.Schema | None = None) -> TableWriter:
         """A writer for `lake/<stage>/source=<s>/<key>.parquet`; with `schema`, written even if empty."""
-        writer = TableWriter(
-            self._stack, self.lake, self.lake.shard_path(stage, self.source, self.key), schema
-        )
+        if self.block is None:
+            path = self.lake.shard_path(stage, self.source, self.key)
+        else:
+            path = block_path(self.lake, stage, self.source, self.block)
+        writer = TableWriter(self._stack, self.lake, path, schema)
         self._tables.append(writer)
         return writer
 
     def local_path(self, stage: str, suffix: str) -> Path:
         """A temporary local path for a file that takes a path to write (`<key><suffix>` at commit)."""
+        assert self.block is None, "work that writes files by path is not splittable"
         final = self.lake.shard_path(stage, self.source, self.key, suffix)
         self._paths.append(final)
         return self._stack.enter_context(self.lake.local_file_for_writing(final))
@@ -125,10 +143,11 @@ def process_shard(
 ) -> dict[str, Any]:
     """Do one shard and write its completion record. Returns {key, record} or {key, error}: a failed
     shard leaves nothing behind, and the others go on."""
-    started = time.perf_counter()
+    started, block = time.perf_counter(), None if shard.rows is None else shard
     try:
-        with ShardOutput(lake, source, shard.key) as out:
+        with ShardOutput(lake, source, shard.key, block) as out:
             counts = work.process(shard, out)
+        node = node_id()
         record = {
             "key": shard.key,
             "input": shard.path,
@@ -137,13 +156,27 @@ def process_shard(
             "counts": counts,
             "seconds": round(time.perf_counter() - started, 3),
             **({"read": out.read} if out.read is not None else {}),
+            **({"rows": list(shard.rows)} if shard.rows is not None else {}),
+            "nodes": [node] if node else [],  # the Ray node that did the work
             "outputs": out.sizes(),
         }
-        lake.write_record(spec.stage, source, shard.key, record)
+        if block is None:
+            lake.write_record(spec.stage, source, shard.key, record)
+        else:
+            write_block_record(lake, spec.stage, source, shard, record)
     except Exception as error:
         detail = "".join(traceback.format_exception_only(error)).strip()
-        return {"key": shard.key, "error": f"shard {shard.path}: {detail}"}
-    return {"key": shard.key, "record": record}
+        where = "" if shard.rows is None else f" (rows {shard.rows[0]}-{shard.rows[1]})"
+        return {"key": shard.key, "rows": shard.rows, "error": f"shard {shard.path}{where}: {detail}"}
+    return {"key": shard.key, "rows": shard.rows, "record": record}
+
+
+def node_id() -> str | None:
+    """The id of the Ray node this process runs on; None outside Ray (a plain loop, a notebook)."""
+    ray = sys.modules.get("ray")  # a process that never imported Ray is not on a Ray node
+    if ray is None or not ray.is_initialized():
+        return None
+    return ray.get_runtime_context().get_node_id()
 
 
 def merge_counts(counts: list[dict[str, Any]]) -> dict[str, Any]:

@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 
 from moe_dag.data.dedup import SIGNATURE_SCHEMA, MinHashConfig, ShardClusters, compute_signatures
 from moe_dag.data.dedup.partitioned import CLUSTERS_STAGE, cluster_file_name
+from moe_dag.data.engine.blocks import read_rows
 from moe_dag.data.engine.shards import ShardInput
 from moe_dag.data.engine.stage import ShardOutput, ShardWork, merge_counts
 from moe_dag.data.filters import DocumentFilter, run_filters
@@ -40,8 +41,13 @@ from moe_dag.data.tokenizer import eos_id, load_tokenizer
 
 
 def kept_batches(shard: ShardInput, out: ShardOutput) -> Iterator[pa.Table]:
-    """The input shard's rows that its stage kept (all rows when it made no decision), in batches."""
-    for batch in read_batches(shard.path, out.lake.fs):
+    """The input shard's rows that its stage kept (all rows when it made no decision), in batches; of a
+    block, the kept rows among its rows."""
+    if shard.rows is None:
+        batches = read_batches(shard.path, out.lake.fs)
+    else:
+        batches = read_rows(shard.path, out.lake.fs, shard.rows)
+    for batch in batches:
         yield kept_rows(batch) if "keep" in batch.column_names else batch
 
 
@@ -79,6 +85,8 @@ class IngestWork(ShardWork):
 class FilterWork(ShardWork):
     """A filtering stage: every kept input row, with the filters' scores and decision."""
 
+    splittable = True
+
     def __init__(self, stage: str, make_filters: Callable[[], Sequence[DocumentFilter]]) -> None:
         self.stage = stage
         self.filters = list(make_filters())
@@ -95,6 +103,8 @@ class FilterWork(ShardWork):
 
 class SignatureWork(ShardWork):
     """minhash_signatures: the exact hash and MinHash signature of every kept document."""
+
+    splittable = True
 
     def __init__(self, config: MinHashConfig) -> None:
         self.config = config
@@ -134,7 +144,12 @@ class ScoringWork(ShardWork):
     backbone and the heads, so it runs in an actor pool (one GPU per actor in production).
 
     Rows of the shard's previous output that the current heads already scored are reused and only
-    decided again (new thresholds do not need the backbone); the rest are scored."""
+    decided again (new thresholds do not need the backbone); the rest are scored.
+
+    Splittable: a block's batches are the whole shard's batches over the same rows (blocks.py), so
+    the backbone sees the same padded batches and gives the same scores."""
+
+    splittable = True
 
     def __init__(self, heads_dir: str | os.PathLike[str], source: str) -> None:
         from moe_dag.data.heads import load_heads
