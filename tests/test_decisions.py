@@ -28,6 +28,7 @@ from moe_dag.assets.training import moe_proxy, proxy_eval
 from moe_dag.config import DEFAULT_CONFIG, load_config
 from moe_dag.data.catalog import Catalog
 from moe_dag.data.lake import Lake
+from moe_dag.data.mixture.neutral import is_neutral
 from moe_dag.orchestration.definitions import build_definitions
 
 pytestmark = pytest.mark.slow
@@ -48,7 +49,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory, local_ray) -> tuple[Path, 
         "steps": 8,
         "overrides": {"train.num_threads": 1, "train.checkpoint_every": 4},
     }
-    raw["evaluation"] = {"neutral_per_source": 6}
+    raw["evaluation"] = {"neutral_share": 0.1}
     raw["mixture_search"] = {
         "candidates": 4,
         "steps": 8,
@@ -79,6 +80,11 @@ def trained(tmp_path_factory: pytest.TempPathFactory, local_ray) -> tuple[Path, 
     return path, instance
 
 
+def neutral_count(source: str) -> int:
+    """The source's raw documents in the neutral set at `neutral_share` 0.1 (about 6 of 60)."""
+    return sum(is_neutral(pa.array([f"{source}/{i}" for i in range(DOCUMENTS)]), 0.1).to_pylist())
+
+
 def materialize(
     assets: list, config_path: Path, instance: dg.DagsterInstance, partition: str | None = None
 ) -> dg.ExecuteInProcessResult:
@@ -97,14 +103,15 @@ def test_the_neutral_set_is_scored_by_proxy_eval_and_listed_in_the_catalog(train
         "SELECT eval_set, source, documents, bits_per_byte_ci_low <= bits_per_byte FROM proxy_eval_sets "
         "ORDER BY source"
     )
-    assert {(r[0], r[1], r[2]) for r in rows} == {("neutral", s, 6) for s in config.source_names} | {
-        ("neutral", "all", 18)
+    neutral = {s: neutral_count(s) for s in config.source_names}
+    assert {(r[0], r[1], r[2]) for r in rows} == {("neutral", s, n) for s, n in neutral.items()} | {
+        ("neutral", "all", sum(neutral.values()))
     }
     assert all(r[3] for r in rows)
     listed = Catalog(config.catalog_path, Lake(config.lake_root)).query(
         "SELECT count(*) FROM evaluation_documents WHERE eval_set = 'neutral'"
     )
-    assert listed == [(18,)]
+    assert listed == [(sum(neutral.values()),)]
 
 
 def test_curation_and_moe_gains_end_in_one_sentence_on_both_sets(trained) -> None:

@@ -1,8 +1,12 @@
 """Adding a shard to one source, then the incremental path (the source's curation, the clusters, and
-what the dedup sensors rebuild), gives the clusters and decisions of a full recomputation row for row
-(issue 21: incremental dedup of new shards against the signatures already clustered)."""
+what the dedup sensors rebuild), gives the clusters and decisions of a full recomputation given the same
+arrivals, row for row (issue 21: incremental dedup of new shards against the signatures already
+clustered), and changes no decision of the source's old documents, though the new ids sort first."""
 
 from __future__ import annotations
+
+import shutil
+from pathlib import Path
 
 import dagster as dg
 import pyarrow as pa
@@ -21,6 +25,7 @@ from test_dedup_backfill import (
 )
 
 from moe_dag.config import load_config
+from moe_dag.data.dedup.partitioned import ARRIVAL_FILE
 from moe_dag.data.lake import Lake
 from moe_dag.orchestration.definitions import build_definitions
 
@@ -48,12 +53,13 @@ def test_a_shard_added_to_one_source_equals_a_full_recomputation(tmp_path):
     before = lake_tables(config_path)
 
     # The new shard: a near-copy of a document of the other source, an exact one with its spacing
-    # changed, a near-copy of an old document of its own source, and a document new to both.
+    # changed, a near-copy of an old document of its own source, and a document new to both; their
+    # ids sort before the old ones ('0' < 'a'), so only their arrival says they came later.
     new = {
-        "a10": near_copy(sentence_text(11)),
-        "a11": sentence_text(12).replace(". ", ".  "),
-        "a12": near_copy(sentence_text(0)),
-        "a13": sentence_text(40),
+        "0-a10": near_copy(sentence_text(11)),
+        "0-a11": sentence_text(12).replace(". ", ".  "),
+        "0-a12": near_copy(sentence_text(0)),
+        "0-a13": sentence_text(40),
     }
     write_shard(corpus / "a", "shard-1", new)
     materialize(defs, instance, CURATE, "a")
@@ -62,19 +68,24 @@ def test_a_shard_added_to_one_source_equals_a_full_recomputation(tmp_path):
     assert run_automation(defs, instance) == [("rededuplicate_source", "b")]
     incremental = lake_tables(config_path)
 
+    # A fresh lake given the arrivals the incremental lake recorded (shard-1 after the rest).
     full_path = pipeline_config(tmp_path, corpus, "full")
+    arrivals = Lake(load_config(config_path).lake_root).dataset_dir("dedup_clusters") + f"/{ARRIVAL_FILE}"
+    fresh = Path(Lake(load_config(full_path).lake_root).dataset_dir("dedup_clusters"))
+    fresh.mkdir(parents=True)
+    shutil.copy(arrivals, fresh / ARRIVAL_FILE)
     full_run(build_definitions(full_path), dg.DagsterInstance.ephemeral())
     recomputed = lake_tables(full_path)
     for name, table in recomputed.items():
         assert incremental[name].equals(table), name
-    # Source a comes first in priority, so its new copies outlive b's documents; within a, the older
-    # document survives, and every old document of a keeps its decision.
+    # Source a comes first in priority, so its new copies outlive b's documents; within a, the document
+    # that arrived first survives whatever the ids, and every old document of a keeps its decision.
     clusters = incremental["dedup_clusters"].to_pylist()
     duplicate_of = {row["id"]: row["duplicate_of"] for row in clusters if not row["is_survivor"]}
     assert {k.split("/")[-1]: v.split("/")[-1] for k, v in duplicate_of.items()} == {
-        "b1": "a10",
-        "b2": "a11",
-        "a12": "a0",
+        "b1": "0-a10",
+        "b2": "0-a11",
+        "0-a12": "a0",
     }
     old = before["deduplicated[a]"]
     assert (

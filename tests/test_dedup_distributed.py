@@ -30,6 +30,8 @@ from moe_dag.data.dedup.partitioned import (
     cluster_partitioned,
     edge_partition,
     merge_labels,
+    recorded_arrivals,
+    signature_files,
 )
 from moe_dag.data.dedup.report import duplicate_report
 from moe_dag.data.lake import Lake
@@ -194,3 +196,55 @@ def test_shard_clusters_apply_in_step_equals_apply_dedup_and_names_a_stray_id(tm
         short.finish()
     with pytest.raises(FileNotFoundError, match="materialise minhash_signatures and dedup_clusters"):
         ShardClusters(path + ".gone", lake.fs, version)
+
+
+def signatures_as_arrived(lake: Lake) -> pa.Table:
+    """Every signature file with the arrival the clustering recorded for it: the reference's input."""
+    arrivals = recorded_arrivals(lake)
+    tables = []
+    for file in signature_files(lake, SOURCES):
+        table = lake.read_file(file.path)
+        arrival = arrivals[cluster_file_name(file.source, file.key)]
+        tables.append(table.append_column("arrival", pa.array([arrival] * table.num_rows, pa.int64())))
+    return pa.concat_tables(tables)
+
+
+@pytest.mark.parametrize(("parts", "shuffles"), [(1, 1), (4, 3)])
+def test_a_later_shard_never_takes_the_place_of_a_survivor_of_its_own_source(tmp_path, parts, shuffles):
+    """A new shard of `web` whose ids sort before every old id, holding copies of web's survivors and
+    of reference's documents: no old decision changes (before arrivals, the new copies of web's
+    survivors won on their ids), the partitioned clusters equal the reference given the arrivals, and a
+    rerun writes the same clusters."""
+    documents = corpus(8)
+    signatures = compute_signatures(documents, CONFIG)
+    lake = Lake(tmp_path / "lake")
+    write_signatures(lake, signatures, shards=2, rng=random.Random(8))
+    cluster_partitioned(lake, SOURCES, CONFIG, parts=parts, shuffle_partitions=shuffles)
+    before = {row["id"]: row for row in sorted_rows(lake.read_table("dedup_clusters"))}
+
+    survivors = [r for r in before.values() if r["source"] == "web" and r["is_survivor"]]
+    others = [r for r in before.values() if r["source"] == "reference"]
+    text = dict(zip(documents["id"].to_pylist(), documents["text"].to_pylist(), strict=True))
+    copies = [text[r["id"]] for r in survivors[:6]]
+    copies += [text[r["id"]].replace(" ", "  ", 1) for r in others[:3]]  # exact after normalising
+    new = pa.table(
+        {
+            "id": [f"web/!{i:02d}" for i in range(len(copies))],  # '!' sorts before every old id
+            "source": ["web"] * len(copies),
+            "text": copies,
+        }
+    )
+    lake.write_file(compute_signatures(new, CONFIG), lake.shard_path("minhash_signatures", "web", "new"))
+    cluster_partitioned(lake, SOURCES, CONFIG, parts=parts, shuffle_partitions=shuffles)
+    after = {row["id"]: row for row in sorted_rows(lake.read_table("dedup_clusters"))}
+
+    assert {i: after[i] for i in before} == before
+    assert all(not after[i]["is_survivor"] for i in new["id"].to_pylist())
+    assert recorded_arrivals(lake)[cluster_file_name("web", "new")] == 1
+    reference = find_duplicate_clusters(signatures_as_arrived(lake), CONFIG, SOURCES)
+    assert sorted(after.values(), key=lambda row: row["id"]) == sorted_rows(reference)
+
+    arrivals = recorded_arrivals(lake)
+    cluster_partitioned(lake, SOURCES, CONFIG, parts=parts, shuffle_partitions=shuffles)
+    assert sorted_rows(lake.read_table("dedup_clusters")) == sorted_rows(reference)
+    assert recorded_arrivals(lake) == arrivals

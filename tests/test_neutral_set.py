@@ -1,8 +1,10 @@
-"""The neutral evaluation set: drawn from raw ids alone, excluded from training with its copies; user
-sets read with clear errors; tokenised in the layout the trainer's evaluation reads."""
+"""The neutral evaluation set: drawn from raw ids alone, one id at a time (a new shard moves no old
+document in or out), excluded from training with its copies; user sets read with clear errors;
+tokenised in the layout the trainer's evaluation reads."""
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -10,15 +12,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from moe_dag.data.dedup.clusters import cluster_mates
 from moe_dag.data.mixture.heldout import heldout_cut
 from moe_dag.data.mixture.neutral import (
     EvaluationConfig,
-    neutral_cut,
+    is_neutral,
     read_user_set,
     select_neutral,
     without_excluded,
     write_evaluation_set,
 )
+from moe_dag.data.mixture.sampler import stable_hash
 from moe_dag.data.tokenizer import TokenizerConfig, eos_id, train_tokenizer
 from moe_dag.training.data import read_heldout, read_mixture
 
@@ -31,32 +35,66 @@ def _raw(source: str, count: int) -> pa.Table:
 
 def test_the_sample_depends_on_the_ids_alone_and_differs_from_the_heldout_cut() -> None:
     ids = [f"web/{i}" for i in range(500)]
-    assert neutral_cut(ids, 20) == neutral_cut(list(reversed(ids)), 20)
-    # Filters remove documents, never add: the sample of what they keep is the raw sample minus drops.
     table = pa.table({"id": ids, "text": ids})
-    documents, _ = select_neutral(["web"], lambda source: iter([table]), 20, None)
+    documents, _ = select_neutral(["web"], lambda source: iter([table]), 0.05, None)
+    shuffled = table.take(list(reversed(range(500))))
+    again, _ = select_neutral(
+        ["web"], lambda source: iter([shuffled.slice(0, 200), shuffled.slice(200)]), 0.05
+    )
     chosen = set(documents["id"].to_pylist())
-    assert len(chosen) == 20
-    assert heldout_cut(ids, 0.0, 20) != neutral_cut(ids, 20)  # a salted hash: another sample
+    assert chosen == set(again["id"].to_pylist())
+    assert 10 <= len(chosen) <= 45  # 25 expected
+    # Filters remove documents, never add: the sample of what they keep is the raw sample minus drops.
+    kept = [i for i in ids if i not in chosen][:300] + sorted(chosen)[:5]
+    assert {i for i, n in zip(kept, is_neutral(pa.array(kept), 0.05).to_pylist(), strict=True) if n} == set(
+        sorted(chosen)[:5]
+    )
+    # A salted hash: the held-out sample of as many documents is another one.
+    cut = heldout_cut(ids, 0.0, len(chosen))
+    heldout = {i for i in ids if stable_hash(i) <= cut}
+    assert len(heldout) == len(chosen) and heldout != chosen
+
+
+def test_a_new_shard_moves_no_old_document_in_or_out() -> None:
+    """Membership is per id: the old members stay, no old non-member enters, the shard brings its own
+    (a lowest-N sample would let new low hashes push old members out)."""
+    old = pa.table({"id": [f"web/{i}" for i in range(400)], "text": [f"old {i}" for i in range(400)]})
+    new = pa.table({"id": [f"web/new-{i}" for i in range(400)], "text": [f"new {i}" for i in range(400)]})
+    before, _ = select_neutral(["web"], lambda source: iter([old]), 0.1)
+    after, _ = select_neutral(["web"], lambda source: iter([old, new]), 0.1)
+    members = set(after["id"].to_pylist())
+    assert {i for i in members if not i.startswith("web/new-")} == set(before["id"].to_pylist())
+    assert any(i.startswith("web/new-") for i in members)
 
 
 def test_copies_of_neutral_documents_are_excluded_with_their_reason() -> None:
-    raw = {"a": _raw("a", 40), "b": _raw("b", 40)}
-    documents, _ = select_neutral(["a", "b"], lambda s: iter([raw[s]]), 3, None)
+    raw = {"a": _raw("a", 200), "b": _raw("b", 200)}
+    documents, _ = select_neutral(["a", "b"], lambda s: iter([raw[s]]), 0.05)
     first = documents.slice(0, 1).to_pylist()[0]
-    # b/39 repeats a neutral text exactly; b/38 sits in a neutral document's dedup cluster.
+    # b/199 repeats a neutral text exactly; b/198 sits in a neutral document's dedup cluster.
     texts = raw["b"]["text"].to_pylist()
-    texts[39] = first["text"]
+    texts[199] = first["text"]
     raw["b"] = pa.table({"id": raw["b"]["id"], "text": texts})
-    clusters = pa.table({"id": [first["id"], "b/38"], "cluster_id": ["k", "k"]})
-    documents, excluded = select_neutral(["a", "b"], lambda s: iter([raw[s]]), 3, clusters)
+    clusters = pa.table({"id": [first["id"], "b/198", "b/197"], "cluster_id": ["k", "k", "b/197"]})
+    mates = functools.partial(cluster_mates, clusters)
+    documents, excluded = select_neutral(["a", "b"], lambda s: iter([raw[s]]), 0.05, mates)
     reasons = dict(zip(excluded["id"].to_pylist(), excluded["reason"].to_pylist(), strict=True))
-    assert documents.num_rows == 6
     assert {i for i, r in reasons.items() if r == "neutral"} == set(documents["id"].to_pylist())
-    assert reasons.get("b/39") == "exact_copy" and reasons.get("b/38") == "near_copy"
+    assert reasons.get("b/199") == "exact_copy" and reasons.get("b/198") == "near_copy"
+    assert "b/197" not in reasons or reasons["b/197"] == "neutral"
     kept = without_excluded(raw["b"], frozenset(reasons))
     assert not set(kept["id"].to_pylist()) & set(reasons)
-    assert kept.num_rows + sum(1 for i in reasons if i.startswith("b/")) == 40
+    assert kept.num_rows + sum(1 for i in reasons if i.startswith("b/")) == 200
+
+
+def test_cluster_mates_come_from_the_cluster_files_without_the_rest(tmp_path: Path) -> None:
+    for name, rows in {"x": [("a", "a"), ("b", "a"), ("c", "c")], "y": [("d", "d"), ("e", "c")]}.items():
+        pq.write_table(
+            pa.table({"id": [r[0] for r in rows], "cluster_id": [r[1] for r in rows]}),
+            tmp_path / f"{name}.parquet",
+        )
+    assert cluster_mates(str(tmp_path / "*.parquet"), ["b", "e"]) == ["a", "b", "c", "e"]
+    assert cluster_mates(str(tmp_path / "*.parquet"), ["d"]) == ["d"]
 
 
 def test_a_bad_line_in_a_user_set_names_the_file_and_line(tmp_path: Path) -> None:
@@ -80,10 +118,11 @@ def test_a_set_is_written_as_the_trainer_reads_it(tmp_path: Path) -> None:
     assert read_mixture(tmp_path / "set").vocab_size == tokenizer.get_vocab_size(with_added_tokens=True)
 
 
-def test_a_small_source_gives_at_most_a_share_to_the_neutral_set():
-    """A 30-document source with the default 100 a source would otherwise lose all of its text."""
-    table = pa.table({"id": [f"s{i}" for i in range(30)], "text": [f"text {i}" for i in range(30)]})
-    documents, _ = select_neutral(["small"], lambda source: iter([table]), 100, None)
-    assert documents.num_rows == 3  # neutral_max_share 0.1
-    documents, _ = select_neutral(["small"], lambda source: iter([table]), 100, None, max_share=0.5)
-    assert documents.num_rows == 15
+def test_each_source_gives_about_its_share_and_the_share_is_checked() -> None:
+    for count in (30, 3000):
+        table = pa.table({"id": [f"s{count}/{i}" for i in range(count)], "text": ["t"] * count})
+        documents, _ = select_neutral(["s"], lambda source, t=table: iter([t]), 0.1)
+        assert documents.num_rows <= 0.1 * count + 3 * (0.09 * count) ** 0.5 + 1
+    assert select_neutral(["s"], lambda source: iter([table]), 0.0)[0].num_rows == 0
+    with pytest.raises(ValueError, match="neutral_share"):
+        EvaluationConfig(neutral_share=1.0)

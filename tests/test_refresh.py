@@ -7,10 +7,11 @@ import dagster as dg
 import pytest
 from test_dedup_backfill import pipeline_config
 
-from moe_dag.assets.operating import operated
+from moe_dag.assets.operating import operated, operation
 from moe_dag.assets.refresh import Refresh, RefreshConfig, moved_sources
 from moe_dag.config import load_config
 from moe_dag.orchestration.automation import with_operating_attributes
+from moe_dag.orchestration.definitions import build_definitions
 from moe_dag.orchestration.staleness import Staleness
 
 
@@ -75,3 +76,13 @@ def test_an_on_demand_asset_waits_for_its_policy_unless_asked(tmp_path):
         "refresh: toxicity_filtered's kept documents moved past refresh.relabel_after_change = 0.2: "
         "a 100 -> 130"
     )
+
+
+def test_the_evaluation_sets_follow_new_data_with_the_mixture(tmp_path):
+    """A new shard brings its own neutral documents, so `neutral_documents` changes on every shard; the
+    evaluation sets (and so `proxy_eval`) wait for the mixture's policy instead of following it."""
+    definitions = build_definitions(pipeline_config(tmp_path, tmp_path / "corpus", "policies"))
+    specs = {spec.key.to_user_string(): spec for asset in definitions.assets for spec in asset.specs}
+    remix = operation(specs["tokenizer"]).refresh
+    assert remix == Refresh(population="scored_documents", threshold="refresh.remix_after_change")
+    assert operation(specs["evaluation_sets"]).refresh == remix

@@ -34,7 +34,7 @@ def pipeline_config(tmp_path: Path) -> Path:
     raw["mixture"] = {"seq_len": 32, "heldout_fraction": 0.1, "heldout_min_documents": 8}
     overrides = {"train.num_threads": 1, "train.checkpoint_every": 4}
     raw["training"] = {"preset": "tiny", "steps": 8, "overrides": overrides}
-    raw["evaluation"] = {"neutral_per_source": 0}  # no raw documents here: tests/test_decisions.py has them
+    raw["evaluation"] = {"neutral_share": 0}  # no raw documents here: tests/test_decisions.py has them
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(raw))
     config = load_config(path)

@@ -5,6 +5,11 @@ training must never see (the sample, its exact copies, its dedup cluster mates);
 curated mixture, the unfiltered baseline and the mixture search all leave those out. `evaluation_sets`
 tokenises the neutral set and the config's user sets, one folder each, for the trainer's `--eval-on`,
 and lists their documents for the catalog (`evaluation_documents`). See moe_dag/data/mixture/neutral.py.
+
+A new shard adds its own neutral documents (membership is per id) and so a new `neutral_documents`;
+`evaluation_sets` follows it, as the mixture does, only when the mixture's refresh policy says the
+sources moved enough (`refresh.remix_after_change`): the mixture, the evaluation sets and the proxy
+scored on them then change together, and a small shard costs no re-evaluation.
 """
 
 import hashlib
@@ -14,8 +19,9 @@ import dagster as dg
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from moe_dag.assets.mixture import TOKENIZER_FILE
+from moe_dag.assets.mixture import REMIX, TOKENIZER_FILE
 from moe_dag.assets.operating import operated
+from moe_dag.data.dedup.clusters import cluster_mates
 from moe_dag.data.mixture.neutral import (
     EXCLUSIONS_STAGE,
     NEUTRAL_SET,
@@ -33,7 +39,7 @@ SET_DOCUMENTS_STAGE = "evaluation_documents"
 def evaluation_set_dirs(pipeline: PipelineResource) -> dict[str, Path]:
     """Set name -> its tokenised folder (neutral first), as `evaluation_sets` wrote them."""
     root = pipeline.lake.artifact_dir("evaluation_sets")
-    names = ([NEUTRAL_SET] if pipeline.config.evaluation.neutral_per_source else []) + sorted(
+    names = ([NEUTRAL_SET] if pipeline.config.evaluation.neutral_share else []) + sorted(
         pipeline.config.evaluation.user_sets
     )
     return {name: root / name for name in names}
@@ -43,20 +49,19 @@ def evaluation_set_dirs(pipeline: PipelineResource) -> dict[str, Path]:
     group_name="training",
     kinds={"parquet"},
     deps=["raw_documents", "dedup_clusters"],
-    metadata=operated(1, "evaluation.neutral_per_source", "source_names"),
+    metadata=operated(2, "evaluation.neutral_share", "source_names"),
 )
 def neutral_documents(pipeline: PipelineResource) -> dg.MaterializeResult:
     """Each source's neutral evaluation sample, drawn from the raw documents by id hash before any filter
     decides, and every document training must leave out because of it (the sample, exact copies, dedup
     cluster mates)."""
     lake, config = pipeline.lake, pipeline.config
-    clusters = lake.read_table("dedup_clusters", columns=["id", "cluster_id"])
+    clusters = lake.glob_pattern("dedup_clusters", partitioned=False)
     documents, exclusions = select_neutral(
         config.source_names,
         lambda source: lake.iter_batches("raw_documents", source, columns=["id", "text"]),
-        config.evaluation.neutral_per_source,
-        clusters,
-        config.evaluation.neutral_max_share,
+        config.evaluation.neutral_share,
+        lambda ids: cluster_mates(clusters, ids),
     )
     lake.write_table(documents, NEUTRAL_STAGE)
     lake.write_table(exclusions, EXCLUSIONS_STAGE)
@@ -80,7 +85,7 @@ def neutral_documents(pipeline: PipelineResource) -> dg.MaterializeResult:
     group_name="training",
     kinds={"parquet"},
     deps=["tokenizer", "neutral_documents"],
-    metadata=operated(1, "evaluation", "mixture.seq_len", "mixture.eos_token"),
+    metadata=operated(1, "evaluation", "mixture.seq_len", "mixture.eos_token", refresh=REMIX),
 )
 def evaluation_sets(pipeline: PipelineResource) -> dg.MaterializeResult:
     """The neutral set and each user set tokenised in the layout `--eval-on` reads, one folder each."""

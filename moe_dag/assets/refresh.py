@@ -20,8 +20,9 @@ class RefreshConfig:
     # Oracle sample, labels and heads: drawn again when some source's kept documents at
     # toxicity_filtered moved by more than this share since the last labelling (0: on any new document).
     relabel_after_change: float = 0.2
-    # Tokenizer, mixture and the proxies: rebuilt when some source's kept documents at scored_documents
-    # moved by more than this share since the last build.
+    # Tokenizer, mixture, evaluation sets and the proxies: rebuilt when some source's kept documents at
+    # scored_documents moved by more than this share since the last build. The evaluation sets follow
+    # with the mixture, so a new shard's neutral documents do not re-evaluate an unchanged proxy.
     remix_after_change: float = 0.1
 
     def __post_init__(self) -> None:

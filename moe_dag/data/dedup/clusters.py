@@ -6,8 +6,11 @@ does the heavy lifting, so it can spill to disk when the signatures outgrow memo
 
 `find_duplicate_clusters`:
 1. Rank: every document gets a row number in survivor-preference order, (position of its source in
-   `source_priority`, id). Each union keeps the smaller root, so a cluster's root is its survivor: a
-   fixed order, so the same signatures always give the same clusters, whatever order they come in.
+   `source_priority`, arrival, id). Each union keeps the smaller root, so a cluster's root is its
+   survivor: a fixed order, so the same signatures always give the same clusters, whatever order they
+   come in. `arrival` is an optional integer column of the signatures (0 where absent): the clustering
+   that first saw the document's shard (`partitioned.recorded_arrivals`), so that within a source a
+   document decided earlier outlives a copy that arrives later, whatever their ids.
 2. Exact: documents with the same content hash (of the normalised words) form a group; only the first
    of each group, its representative, goes on, since equal texts have equal signatures.
 3. Bands: `band_pairs` hashes each band (r signature rows) of every representative and joins on equal
@@ -161,6 +164,22 @@ def cluster_row_counts(clusters: pa.Table | str | Sequence[str]) -> tuple[int, i
     return int(rows), int(distinct)
 
 
+def cluster_mates(clusters: pa.Table | str | Sequence[str], ids: Sequence[str]) -> list[str]:
+    """The ids in a cluster with any of `ids` (them included), found by DuckDB over a clusters table or
+    files: only those rows come back, never the table."""
+    with duckdb_reading(clusters) as con:
+        clusters_view(con, clusters)
+        con.register("wanted", pa.table({"id": pa.array(list(ids), pa.string())}))
+        rows = con.execute(
+            """
+            SELECT id FROM clusters
+            WHERE cluster_id IN (SELECT cluster_id FROM clusters JOIN wanted USING (id))
+            ORDER BY id
+            """
+        ).fetchall()
+    return [row[0] for row in rows]
+
+
 def apply_dedup(table: pa.Table, clusters: pa.Table) -> pa.Table:
     """Every row of `table` with `duplicate_of`, `cluster_id`, `keep`, `reason` and `cluster_version`.
 
@@ -259,11 +278,15 @@ def _ranked_documents(
             con.read_parquet(files).create_view("signatures")
         _check_signatures(con, config, source_priority)
         shingles = ", shingles" if config.verification == "exact" else ""
+        columns = {row[0] for row in con.execute("DESCRIBE signatures").fetchall()}
+        arrival = "arrival" if "arrival" in columns else "0"
         con.execute(
             f"""
             CREATE TABLE docs AS
             WITH ranked AS (
-                SELECT row_number() OVER (ORDER BY list_position($priority, source), id) - 1 AS row,
+                SELECT row_number() OVER (
+                           ORDER BY list_position($priority, source), {arrival}, id
+                       ) - 1 AS row,
                        id, source, content_hash, signature{shingles}
                 FROM signatures
             )

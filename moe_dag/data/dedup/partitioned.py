@@ -20,12 +20,19 @@ steps, each a task per partition whose outputs are split for the next step (a ha
    each node the smallest label of its local component. Rounds stop when no label changes: then each
    edge's ends carry one label, the smallest node of the component, whichever partitions a chain
    crosses. A chain crossing partitions needs a round per crossing, at most the cluster's diameter.
-5. Survivors: each touched node goes to its component's part with its (source priority, id); the
-   smallest is the survivor (the reference's rule), which sends its id, content hash and signature back
-   to each member.
+5. Survivors: each touched node goes to its component's part with its (source priority, arrival, id);
+   the smallest is the survivor (the reference's rule), which sends its id, content hash and signature
+   back to each member.
 6. Write (per part): one `CLUSTER_SCHEMA` file per signature file, rows in the signature file's order,
    so the stage that applies them reads exactly the file of the shard it processes
    (`cluster_file_name`).
+
+Arrival: a signature file's arrival is the clustering that first saw it (0 for the files of the first,
+1 for those new at the next, ...), recorded in `<lake>/dedup_clusters/arrival.json`. Within a source a
+document that arrived earlier outlives a later copy whatever the ids, so a new shard never takes the
+survivor's place from a document of its own source already decided. Source priority still comes
+first: a copy arriving in a source ahead in `source_names` replaces a survivor of a source behind it
+(the `dedup_consistency` sensor then rebuilds that source), as a full recomputation would.
 
 Between steps only node numbers, bucket hashes, candidate pairs and, for candidates and duplicates,
 signatures travel; documents never do, and the driver holds object references and counts.
@@ -33,7 +40,9 @@ signatures travel; documents never do, and the driver holds object references an
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 import posixpath
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -59,6 +68,8 @@ from moe_dag.data.lake import Lake
 
 CLUSTERS_STAGE = "dedup_clusters"
 SIGNATURES_STAGE = "minhash_signatures"
+# In the clusters' folder: cluster file name -> the clustering that first saw the shard.
+ARRIVAL_FILE = "arrival.json"
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 # Rows per part: a part's signatures (~0.5 KB a row) and its shuffle shares fit a task in ~2 GB.
 PART_ROWS = 1_000_000
@@ -70,6 +81,7 @@ class SignatureFile:
     source: str
     key: str  # the shard key: the clusters of this file go to `cluster_file_name(source, key)`
     rows: int
+    arrival: int = 0  # the clustering that first saw the file: earlier outlives later within a source
 
 
 @dataclass(frozen=True)
@@ -109,6 +121,23 @@ def signature_files(lake: Lake, sources: Sequence[str]) -> list[SignatureFile]:
     return files
 
 
+def recorded_arrivals(lake: Lake) -> dict[str, int]:
+    """Cluster file name -> arrival, as the last clustering recorded it. A lake clustered before arrivals
+    were recorded has its cluster files as the first arrival."""
+    path = posixpath.join(lake.dataset_dir(CLUSTERS_STAGE), ARRIVAL_FILE)
+    if lake.fs.exists(path):
+        return json.loads(lake.fs.cat_file(path))
+    return {posixpath.basename(p): 0 for p in lake.parquet_files(CLUSTERS_STAGE)}
+
+
+def with_arrivals(files: Sequence[SignatureFile], recorded: dict[str, int]) -> list[SignatureFile]:
+    """`files` with their recorded arrival; the files new since then arrive together, after the rest."""
+    new = max(recorded.values(), default=-1) + 1
+    return [
+        dataclasses.replace(f, arrival=recorded.get(cluster_file_name(f.source, f.key), new)) for f in files
+    ]
+
+
 def plan_parts(files: Sequence[SignatureFile], parts: int) -> list[Part]:
     """Consecutive files in at most `parts` groups of about equal rows (a file is never split)."""
     total = sum(f.rows for f in files)
@@ -140,7 +169,7 @@ def cluster_partitioned(
     `workers` 0 runs every step in this process, one task after another; otherwise as Ray tasks on the
     connected Ray. Parts (unless `parts` is given) hold about `part_rows` rows, at least one per worker:
     a task's memory follows the part, not the corpus. Shuffle partitions default to the parts' count."""
-    files = signature_files(lake, sources)
+    files = with_arrivals(signature_files(lake, sources), recorded_arrivals(lake))
     wanted = parts or max(1, workers, -(-sum(f.rows for f in files) // part_rows))
     planned = plan_parts(files, wanted)
     shuffles = shuffle_partitions or len(planned)
@@ -197,6 +226,12 @@ def cluster_partitioned(
             total, xor = versions.get(source, (0, 0))
             versions[source] = (total + count, xor ^ digest)
     paths = [path for part in written for path in part["files"]]
+    arrivals = {cluster_file_name(f.source, f.key): f.arrival for f in files}
+    lake.fs.makedirs(lake.dataset_dir(CLUSTERS_STAGE), exist_ok=True)
+    lake.fs.pipe_file(
+        posixpath.join(lake.dataset_dir(CLUSTERS_STAGE), ARRIVAL_FILE),
+        json.dumps(arrivals, indent=0, sort_keys=True).encode(),
+    )
     _remove_other_files(lake, paths)
     return PartitionedClusters(
         rows=sum(w["rows"] for w in written),
@@ -465,16 +500,18 @@ def _members(
     *requests: np.ndarray,
 ) -> list[pa.Table]:
     """Step 5a: every node of this part that an edge touches, with its component (smallest node),
-    priority and id, content hash and signature, split by the component's part."""
+    priority, arrival and id, content hash and signature, split by the component's part."""
     touched = np.unique(np.concatenate(requests)) if requests else np.empty(0, dtype=np.int64)
     column = similarity_column(config)
     table = _read_part(part, lake_url, ["id", "source", "content_hash", column]).take(touched - part.start)
     component = labels[touched - part.start]
     rank = pc.index_in(table["source"], value_set=pa.array(priority, pa.string()))
+    arrival = np.repeat([f.arrival for f in part.files], [f.rows for f in part.files]).astype(np.int64)
     members = pa.table(
         {
             "component": component,
             "rank": rank,
+            "arrival": arrival[touched - part.start],
             "id": table["id"],
             "source": table["source"],
             "node": touched,
@@ -486,11 +523,11 @@ def _members(
 
 
 def _survivors(starts: np.ndarray, *members: pa.Table) -> list[Any]:
-    """Step 5b: per component, the member first in (source priority, id) survives; each member gets
-    its survivor's node, id, source, content hash and signature, split by the member's part; last, the
-    number of components of each size."""
+    """Step 5b: per component, the member first in (source priority, arrival, id) survives; each member
+    gets its survivor's node, id, source, content hash and signature, split by the member's part; last,
+    the number of components of each size."""
     table = pa.concat_tables(members).combine_chunks()
-    order = [("component", "ascending"), ("rank", "ascending"), ("id", "ascending")]
+    order = [("component", "ascending"), ("rank", "ascending"), ("arrival", "ascending"), ("id", "ascending")]
     table = table.take(pc.sort_indices(table, sort_keys=order))
     component = table["component"].to_numpy()
     first = _group_starts(component.reshape(-1, 1))

@@ -2,12 +2,15 @@
 
 The curated held-out documents (heldout.py) are drawn from what the filters kept, so they favour the
 curated mixture by construction: a filter that drops a kind of text also drops it from the test. The
-neutral set is drawn from the raw documents instead, per source, by id hash:
+neutral set is drawn from the raw documents instead, by id hash:
 
-    neutral documents of a source = the `neutral_per_source` ids with the lowest hash of "neutral/" + id
+    a raw document is neutral  <=>  hash("neutral/" + id) < neutral_share * 2**64
 
-salted apart from the held-out hash so the two samples are independent. It depends on the raw ids
-alone, so it is the same whatever the filters, thresholds or heads decide, and the same on every rerun.
+salted apart from the held-out hash so the two samples are independent. A document's membership depends
+on its own id alone: the same whatever the filters, thresholds or heads decide, the same on every rerun,
+and the same when shards arrive: a new shard brings its own members (about `neutral_share` of it) and
+moves no old document into or out of the set. (A count per source, the lowest N hashes, would let a
+new document with a low hash push an old one out.)
 
 Nothing trained may have seen it: every neutral document, every document with exactly its text and
 every document in a dedup cluster with one (a near copy, possibly the survivor kept in another source)
@@ -25,7 +28,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,23 +57,20 @@ EXCLUSION_SCHEMA = pa.schema(
 DOCUMENTS_SCHEMA = pa.schema([("source", pa.string()), ("id", pa.string()), ("text", pa.string())])
 
 
-NEUTRAL_MAX_SHARE = 0.1
+NEUTRAL_SHARE = 0.05
 
 
 @dataclass(kw_only=True)
 class EvaluationConfig:
-    # Raw documents per source in the neutral set (fewer when a source has fewer); 0 turns it off.
-    neutral_per_source: int = 100
-    # At most this share of a source's raw documents: a small source keeps most of its text to train on.
-    neutral_max_share: float = NEUTRAL_MAX_SHARE
+    # The share of each source's raw documents in the neutral set (by id hash, so a small source gives
+    # it as small a share as a large one); 0 turns it off.
+    neutral_share: float = NEUTRAL_SHARE
     # Name -> path of a jsonl or parquet file in the raw shard format, scored beside the neutral set.
     user_sets: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.neutral_per_source < 0:
-            raise ValueError(f"neutral_per_source must not be negative, got {self.neutral_per_source}")
-        if not 0 <= self.neutral_max_share < 1:
-            raise ValueError(f"neutral_max_share must be in [0, 1), got {self.neutral_max_share}")
+        if not 0 <= self.neutral_share < 1:
+            raise ValueError(f"neutral_share must be in [0, 1), got {self.neutral_share}")
         for name in self.user_sets:
             if name == NEUTRAL_SET or not name.replace("_", "").isalnum():
                 raise ValueError(
@@ -83,19 +82,10 @@ def neutral_hashes(ids: Iterable[str]) -> np.ndarray:
     return np.array([stable_hash(NEUTRAL_SALT + str(doc_id)) for doc_id in ids], dtype=np.uint64)
 
 
-def neutral_cut(ids: Iterable[str], size: int, max_share: float = NEUTRAL_MAX_SHARE) -> int | None:
-    """The largest salted id hash in a source's neutral sample of `size` documents, at most `max_share`
-    of them (None: empty)."""
-    hashes = np.sort(neutral_hashes(ids))
-    count = min(size, math.floor(max_share * len(hashes)))
-    return int(hashes[count - 1]) if count else None
-
-
-def is_neutral(table: pa.Table, cut: int | None) -> pa.Array:
-    """Whether each row of `table` (column `id`) is in its source's neutral sample."""
-    if cut is None:
-        return pa.array(np.zeros(table.num_rows, dtype=bool))
-    return pa.array(neutral_hashes(table["id"].to_pylist()) <= cut)
+def is_neutral(ids: pa.Array | pa.ChunkedArray, share: float) -> pa.Array:
+    """Whether each id is in the neutral set: its salted hash is in the lowest `share` of the range."""
+    cut = np.uint64(min(int(share * 2**64), 2**64 - 1))
+    return pa.array(neutral_hashes(ids.to_pylist()) < cut, pa.bool_())
 
 
 def _text_hash(text: str) -> bytes:
@@ -105,32 +95,24 @@ def _text_hash(text: str) -> bytes:
 def select_neutral(
     sources: list[str],
     raw_batches: Callable[[str], Iterator[pa.Table]],
-    size: int,
-    clusters: pa.Table | None,
-    max_share: float = NEUTRAL_MAX_SHARE,
+    share: float,
+    cluster_mates: Callable[[list[str]], Iterable[str]] | None = None,
 ) -> tuple[pa.Table, pa.Table]:
     """(neutral documents: source, id, text; exclusions: EXCLUSION_SCHEMA) from the raw documents.
 
-    `raw_batches(source)` streams a source's raw documents (columns id, text) and is read three times:
-    ids for the cut, the sample itself, then the copies. `clusters` (id, cluster_id) are dedup's."""
-    cuts = {
-        s: neutral_cut((i for b in raw_batches(s) for i in b["id"].to_pylist()), size, max_share)
-        for s in sources
-    }
+    `raw_batches(source)` streams a source's raw documents (columns id, text) and is read twice: the
+    sample, then the copies. `cluster_mates(ids)` gives the ids that share a dedup cluster with any of
+    `ids` (dedup's clusters; None before there are any), so only the sample's clusters are read."""
     neutral = [DOCUMENTS_SCHEMA.empty_table()]
     for source in sources:
         for batch in raw_batches(source):
-            chosen = batch.filter(is_neutral(batch, cuts[source]))
+            chosen = batch.filter(is_neutral(batch["id"], share))
             columns = {"source": [source] * chosen.num_rows, "id": chosen["id"], "text": chosen["text"]}
             neutral.append(pa.table(columns, DOCUMENTS_SCHEMA))
     documents = pa.concat_tables(neutral)
     neutral_ids = set(documents["id"].to_pylist())
     texts = {_text_hash(text) for text in documents["text"].to_pylist()}
-    near: set[str] = set()
-    if clusters is not None and neutral_ids:
-        held = clusters.filter(pc.is_in(clusters["id"], pa.array(sorted(neutral_ids), pa.string())))
-        mates = clusters.filter(pc.is_in(clusters["cluster_id"], pc.unique(held["cluster_id"])))
-        near = set(mates["id"].to_pylist())
+    near = set(cluster_mates(sorted(neutral_ids))) if cluster_mates is not None and neutral_ids else set()
     rows = []
     for source in sources:
         for batch in raw_batches(source):
