@@ -9,6 +9,7 @@ from moe_dag.config import PipelineConfig
 from moe_dag.data.counts import unreconciled_shards
 from moe_dag.data.engine.shards import digest_text, output_digest
 from moe_dag.data.ingest import ingest_source
+from moe_dag.data.lake import Lake
 from moe_dag.data.shard_ledger import LedgerChanges, ShardLedger, ledger_path, shards_read
 from moe_dag.orchestration.resources import PipelineResource, RayResource
 
@@ -41,14 +42,14 @@ def raw_documents(
     ledger = record_ingested(context, pipeline.config, source.name, run.records)
     counts = run.counts
     documents, quarantined = counts.get("kept", 0), counts.get("quarantined", 0)
-    errors = [] if not quarantined else pipeline.lake.read_table("quarantine", source.name, ["error"])
+    errors = first_errors(pipeline.lake, source.name) if quarantined else []
     lost = unreconciled_shards(pipeline.lake, source.name, source.shards, workers=ray.workers or None)
     return dg.MaterializeResult(
         metadata={
             "documents": documents,
             "quarantined": quarantined,
             "duplicate_ids": counts.get("duplicate_ids", 0),
-            "first_quarantine_errors": dg.MetadataValue.json(errors and errors["error"].to_pylist()[:20]),
+            "first_quarantine_errors": dg.MetadataValue.json(errors),
             "dagster/row_count": documents,
             "ledger": ledger.describe(),
             **engine_metadata(run),
@@ -79,6 +80,16 @@ def record_ingested(
     changes = ShardLedger(ledger_path(config.catalog_path)).record(source, read, context.run.run_id)
     context.log.info(f"shard ledger [{source}]: {changes.describe()}")
     return changes
+
+
+def first_errors(lake: Lake, source: str, limit: int = 20) -> list[str]:
+    """The first `limit` quarantine errors of the source, reading no further than them."""
+    errors: list[str] = []
+    for batch in lake.iter_batches("quarantine", source, ["error"], batch_rows=limit):
+        errors += batch["error"].to_pylist()
+        if len(errors) >= limit:
+            break
+    return errors[:limit]
 
 
 def raw_data_version(records: dict[str, dict]) -> dg.DataVersion:
