@@ -27,15 +27,16 @@ import math
 import posixpath
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from moe_dag.data.atomic import TEMPORARY_PREFIX, atomic_write
-from moe_dag.data.engine.shards import ShardInput
+from moe_dag.data.engine.shards import ShardInput, outputs_intact
 from moe_dag.data.lake import BATCH_ROWS, Lake
 
 if TYPE_CHECKING:
@@ -69,7 +70,9 @@ def split(shard: ShardInput, rows: int, block_rows: int) -> list[ShardInput]:
     return [replace(shard, rows=(start, min(start + step, rows))) for start in range(0, rows, step)]
 
 
-def read_rows(path: str, fs: Any, rows: tuple[int, int], batch_rows: int = BATCH_ROWS) -> Iterator[pa.Table]:
+def read_rows(
+    path: str, fs: fsspec.AbstractFileSystem, rows: tuple[int, int], batch_rows: int = BATCH_ROWS
+) -> Iterator[pa.Table]:
     """Rows [start, stop) of a parquet file in tables of `batch_rows` rows counted from `start` (the
     last may be shorter), reading only the row groups that hold them. With `start` a multiple of
     `batch_rows` these are the batches `read_batches` gives for the same rows of the whole file."""
@@ -110,7 +113,7 @@ def write_block_record(lake: Lake, stage: str, source: str, shard: ShardInput, r
 
 
 def finished_blocks(
-    lake: Lake, stage: str, source: str, blocks: list[ShardInput], digest: Any
+    lake: Lake, stage: str, source: str, blocks: list[ShardInput], digest: Callable[[ShardInput], str]
 ) -> dict[tuple[int, int], dict[str, Any]]:
     """Block records still valid (digest as `digest(block)` gives it, files intact), by row range."""
     folder = block_folder(lake, stage, source, blocks[0].key)
@@ -122,11 +125,7 @@ def finished_blocks(
             continue
         with lake.fs.open(path, "rb") as handle:
             record = json.loads(handle.read())
-        intact = all(
-            lake.fs.exists(p) and lake.fs.size(p) == size
-            for p, size in ((posixpath.join(lake.root, r), s) for r, s in record["outputs"].items())
-        )
-        if record.get("digest") == digest(block) and intact:
+        if record.get("digest") == digest(block) and outputs_intact(lake, record):
             found[block.rows] = record
     return found
 

@@ -106,7 +106,7 @@ def file_sizes(lake: Lake, paths: list[str]) -> dict[str, int]:
     return {posixpath.relpath(path, lake.root): lake.fs.size(path) for path in paths if lake.fs.exists(path)}
 
 
-def _outputs_intact(lake: Lake, record: dict[str, Any]) -> bool:
+def outputs_intact(lake: Lake, record: dict[str, Any]) -> bool:
     """Whether every file the completion record vouches for is there with its size (records written
     before they listed their files are trusted)."""
     for relative, size in record.get("outputs", {}).items():
@@ -139,7 +139,7 @@ def plan_shards(
         if (
             record is not None
             and record.get("digest") == shard_digest(stages[0], params, shard)
-            and _outputs_intact(lake, record)
+            and outputs_intact(lake, record)
         ):
             done[shard.key] = record
         else:
