@@ -293,10 +293,10 @@ def test_one_large_shard_split_into_blocks_equals_the_unsplit_run(tmp_path, loca
     actor pool (the prefilter), and the joined file and record equal the unsplit run's."""
     whole, blocks = big_shard(tmp_path, "whole"), big_shard(tmp_path, "blocks")
     prefilter = fitted_prefilter_spec(whole)
-    for lake, workers, block_rows in ((whole, 0, None), (blocks, 2, 2048)):
+    for lake, workers, min_block_rows in ((whole, 0, None), (blocks, 2, 1000)):
         for spec, upstream in ((prefilter, "raw_documents"), (signature_spec(), "prefiltered")):
             inputs = upstream_inputs(lake, upstream, "web")
-            run_stage(spec, lake, "web", inputs, workers=workers, block_rows=block_rows)
+            run_stage(spec, lake, "web", inputs, workers=workers, min_block_rows=min_block_rows)
     for stage in ("prefiltered", "minhash_signatures"):
         [split_record] = blocks.records(stage, "web").values()
         [whole_record] = whole.records(stage, "web").values()
@@ -323,12 +323,13 @@ def test_a_split_shard_redoes_only_its_unfinished_blocks(tmp_path, local_ray):
 
     lake = big_shard(tmp_path, "lake")
     spec, [shard] = fitted_prefilter_spec(lake), upstream_inputs(lake, "raw_documents", "web")
-    first, second = split(shard, BIG_SHARD, 2048)
+    first, second = split(shard, BIG_SHARD, 2)
+    assert (first.rows, second.rows) == ((0, 2048), (2048, BIG_SHARD))  # whole read batches
     # What a run killed before its first block finished left behind.
     assert "error" not in process_shard(spec, spec.make_work(), lake, "web", second)
     assert lake.records("prefiltered", "web") == {}  # no shard record before every block is in
 
-    rerun = run_stage(spec, lake, "web", [shard], workers=2, block_rows=2048)
+    rerun = run_stage(spec, lake, "web", [shard], workers=2, min_block_rows=1000)
     assert rerun.documents_run == 2048  # the first block only
     whole = big_shard(tmp_path, "whole")
     run_stage(spec, whole, "web", upstream_inputs(whole, "raw_documents", "web"), workers=0)

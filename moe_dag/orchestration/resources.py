@@ -10,7 +10,7 @@ import dagster as dg
 from moe_dag.config import PipelineConfig, load_config
 from moe_dag.data.catalog import Catalog
 from moe_dag.data.engine import RayConfig, ShardInput, StageRun, StageSpec, connect, run_stage
-from moe_dag.data.engine.cluster import DEFAULT_BLOCK_ROWS
+from moe_dag.data.engine.cluster import DEFAULT_MIN_BLOCK_ROWS
 from moe_dag.data.lake import Lake
 from moe_dag.data.oracle import OpenAICompatibleOracle, Oracle, RuleBasedOracle, VLLMEngineOracle
 from moe_dag.orchestration.instance_health import record_run_host
@@ -59,7 +59,7 @@ class RayResource(dg.ConfigurableResource):
     num_cpus: int | None = None
     object_store_gb: float | None = None
     workers: int | None = None
-    block_rows: int | None = DEFAULT_BLOCK_ROWS
+    min_block_rows: int | None = DEFAULT_MIN_BLOCK_ROWS
     scoring_gpus: float = 0.0
 
     @classmethod
@@ -80,6 +80,5 @@ class RayResource(dg.ConfigurableResource):
         inputs: list[ShardInput],
     ) -> StageRun:
         """Bring one source's slice of a stage up to date, logging progress to the run."""
-        return run_stage(
-            spec, lake, source, inputs, workers=self.workers, log=context.log.info, block_rows=self.block_rows
-        )
+        log, blocks = context.log.info, self.min_block_rows
+        return run_stage(spec, lake, source, inputs, workers=self.workers, log=log, min_block_rows=blocks)

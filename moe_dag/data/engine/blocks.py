@@ -3,11 +3,12 @@
 The shard stays the unit of the lake: downstream stages, the catalog and the checks see one file and
 one completion record per shard, whether it was split or not. Splitting happens inside a stage run:
 
-1. A shard of a splittable stage (its work reads its input only batch by batch and writes only tables:
-   `ShardWork.splittable`) with more rows than `block_rows` becomes blocks of `block_rows` rows,
-   rounded up to whole read batches (`BATCH_ROWS`), when the stage has fewer shards to do than workers.
-   Each block starts at a multiple of the read batch, so its batches are the very batches the whole
-   shard would be read in: the same rows meet the same batch-wise work (scoring pads per batch).
+1. When a stage has fewer shards to do than workers, each shard of a splittable stage (its work reads
+   its input only batch by batch and writes only tables: `ShardWork.splittable`) becomes as many
+   blocks as give every worker one, but none under `min_block_rows` rows (a block costs a task and a
+   share of the join): even row ranges in whole read batches (`BATCH_ROWS`). Each block starts at a
+   multiple of the read batch, so its batches are the very batches the whole shard would be read in:
+   the same rows meet the same batch-wise work (scoring sorts and pads per batch).
 2. Each block is its own task or actor call. It writes `<stage>/source=<s>/_blocks/<key>/<start>-<stop>
    .parquet` and then its block record (`<start>-<stop>.json`, digest and counts), as a shard does; the
    `_` folder is invisible to every reader of the slice. A rerun after a crash redoes only the blocks
@@ -64,9 +65,9 @@ def row_count(lake: Lake, path: str) -> int:
         return pq.ParquetFile(handle).metadata.num_rows
 
 
-def split(shard: ShardInput, rows: int, block_rows: int) -> list[ShardInput]:
-    """The blocks of a shard of `rows` rows: ranges of `block_rows` rounded up to whole read batches."""
-    step = math.ceil(block_rows / BATCH_ROWS) * BATCH_ROWS
+def split(shard: ShardInput, rows: int, blocks: int) -> list[ShardInput]:
+    """A shard of `rows` rows as at most `blocks` blocks of whole read batches, as even as they go."""
+    step = math.ceil(math.ceil(rows / BATCH_ROWS) / blocks) * BATCH_ROWS
     return [replace(shard, rows=(start, min(start + step, rows))) for start in range(0, rows, step)]
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 GIB = 1 << 30
 MIN_OBJECT_STORE_BYTES = GIB // 4
 MAX_OBJECT_STORE_BYTES = 4 * GIB
-DEFAULT_BLOCK_ROWS = 16_384  # 8 read batches
+DEFAULT_MIN_BLOCK_ROWS = 8_192  # 4 read batches
 
 
 @dataclass(kw_only=True)
@@ -28,13 +28,13 @@ class RayConfig:
     num_cpus: int | None = None  # local Ray only; None: every core of this machine
     object_store_gb: float | None = None  # local Ray only; None: 10% of memory, within [0.25, 4] GiB
     workers: int | None = None  # shards processed at once per stage; None: every CPU of the cluster
-    # A stage with fewer shards to do than workers splits each shard of more rows into blocks of about
-    # this many rows (whole read batches), so one large shard keeps several workers busy; None: never.
-    block_rows: int | None = DEFAULT_BLOCK_ROWS
+    # A stage with fewer shards to do than workers splits its shards into blocks of at least this many
+    # rows (whole read batches) for the idle workers, so one large shard keeps several busy; None: never.
+    min_block_rows: int | None = DEFAULT_MIN_BLOCK_ROWS
     scoring_gpus: float = 0.0  # GPUs per scoring actor (1 on a GPU cluster)
 
     def __post_init__(self) -> None:
-        for name in ("num_cpus", "workers", "block_rows"):
+        for name in ("num_cpus", "workers", "min_block_rows"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"ray.{name} must be a positive integer, got {value!r}")

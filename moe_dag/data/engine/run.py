@@ -16,6 +16,7 @@ shards that failed, and raises once the others are done, naming each failed shar
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
@@ -64,14 +65,14 @@ def run_stage(
     *,
     workers: int | None = None,
     log: Callable[[str], None] | None = None,
-    block_rows: int | None = None,
+    min_block_rows: int | None = None,
 ) -> StageRun:
     """Bring `source`'s slice of the stage up to date with `inputs`.
 
     `workers`: shards processed at once on the connected Ray (None: one per CPU of the cluster); 0 runs
-    them one after another in this process, without Ray (a debugger, a notebook). `block_rows`: when
-    the stage has fewer shards to do than workers, a shard of more rows is split into blocks of about
-    this many rows, each its own task (blocks.py); None never splits."""
+    them one after another in this process, without Ray (a debugger, a notebook). `min_block_rows`:
+    when the stage has fewer shards to do than workers, its shards are split into blocks of at least
+    this many rows to occupy the idle ones, each block its own task (blocks.py); None never splits."""
     plan = plan_shards(lake, spec.outputs, spec.params, source, inputs)
     name = f"{spec.stage} [{source}]"
     if log and (plan.done or plan.removed):
@@ -79,7 +80,7 @@ def run_stage(
         log(f"{name}: {done} shards already done, {todo} to do, {removed} removed")
     started = time.perf_counter()
     slots = 1 if workers == 0 else workers or cluster_cpus()
-    items, blocks, block_records = _work_items(spec, lake, source, plan.todo, slots, block_rows)
+    items, blocks, block_records = _work_items(spec, lake, source, plan.todo, slots, min_block_rows)
     if log and blocks:
         log(f"{name}: {len(blocks)} shards split into {sum(map(len, blocks.values()))} blocks")
     records = dict(plan.done)
@@ -136,7 +137,7 @@ def _work_items(
     source: str,
     todo: list[ShardInput],
     slots: int,
-    block_rows: int | None,
+    min_block_rows: int | None,
 ) -> tuple[list[ShardInput], dict[str, list[ShardInput]], dict[str, dict[tuple[int, int], dict]]]:
     """What to run: whole shards, and the unfinished blocks of the shards split now; returns the
     items, the blocks of each split shard and the block records already valid, by shard key.
@@ -144,11 +145,12 @@ def _work_items(
     Splitting pays one more write of the shard (the commit), so it happens only when whole shards
     would leave workers idle: a source of many shards keeps every worker busy without it."""
     blocks: dict[str, list[ShardInput]] = {}
-    if block_rows is not None and spec.splittable and len(todo) < slots:
+    if min_block_rows is not None and spec.splittable and len(todo) < slots:
         for shard in todo:
             rows = row_count(lake, shard.path)
-            if rows > block_rows:
-                blocks[shard.key] = split(shard, rows, block_rows)
+            count = min(math.ceil(slots / len(todo)), rows // min_block_rows)
+            if count > 1 and len(parts := split(shard, rows, count)) > 1:
+                blocks[shard.key] = parts
     clean_blocks(lake, spec.outputs, source, blocks)
     done = {key: finished_blocks(lake, spec.stage, source, blocks[key], spec.digest) for key in blocks}
     items = [shard for shard in todo if shard.key not in blocks]
