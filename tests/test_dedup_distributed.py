@@ -23,6 +23,7 @@ from moe_dag.data.dedup import (
 )
 from moe_dag.data.dedup.clusters import _components
 from moe_dag.data.dedup.partitioned import (
+    ARRIVAL_FILE,
     InProcess,
     Part,
     SignatureFile,
@@ -209,18 +210,23 @@ def signatures_as_arrived(lake: Lake) -> pa.Table:
     return pa.concat_tables(tables)
 
 
-@pytest.mark.parametrize(("parts", "shuffles"), [(1, 1), (4, 3)])
-def test_a_later_shard_never_takes_the_place_of_a_survivor_of_its_own_source(tmp_path, parts, shuffles):
+@pytest.mark.parametrize(("parts", "shuffles", "recorded"), [(1, 1, True), (4, 3, True), (4, 3, False)])
+def test_a_later_shard_never_takes_the_place_of_a_survivor_of_its_own_source(
+    tmp_path, parts, shuffles, recorded
+):
     """A new shard of `web` whose ids sort before every old id, holding copies of web's survivors and
     of reference's documents: no old decision changes (before arrivals, the new copies of web's
     survivors won on their ids), the partitioned clusters equal the reference given the arrivals, and a
-    rerun writes the same clusters."""
+    rerun writes the same clusters. `recorded` False: a lake clustered before arrivals were recorded
+    (no arrival file), whose cluster files count as the first arrival."""
     documents = corpus(8)
     signatures = compute_signatures(documents, CONFIG)
     lake = Lake(tmp_path / "lake")
     write_signatures(lake, signatures, shards=2, rng=random.Random(8))
     cluster_partitioned(lake, SOURCES, CONFIG, parts=parts, shuffle_partitions=shuffles)
     before = {row["id"]: row for row in sorted_rows(lake.read_table("dedup_clusters"))}
+    if not recorded:
+        lake.fs.rm(f"{lake.dataset_dir('dedup_clusters')}/{ARRIVAL_FILE}")
 
     survivors = [r for r in before.values() if r["source"] == "web" and r["is_survivor"]]
     others = [r for r in before.values() if r["source"] == "reference"]
