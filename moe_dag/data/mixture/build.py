@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tokenizers import Tokenizer
 from tqdm import tqdm
@@ -44,7 +45,7 @@ from tqdm import tqdm
 from moe_dag.data.atomic import atomic_path
 from moe_dag.data.mixture.heldout import HELDOUT_MAX_SHARE, heldout_count, split_heldout
 from moe_dag.data.mixture.sampler import MixtureSampler, check_weights
-from moe_dag.data.mixture.token_shards import SourceTokens, encode_documents, token_dtype, write_token_shard
+from moe_dag.data.mixture.token_shards import SourceTokens, encode_stream, token_dtype, write_token_shard
 from moe_dag.data.tokenizer import eos_id
 
 TRAIN_FILE = "train.npy"
@@ -165,13 +166,16 @@ def pack_mixture(
 
 
 def heldout_table(table: pa.Table, tokenizer: Tokenizer, eos: int, source: str) -> pa.Table:
+    """`table`'s documents (`id`, `text`) as held-out rows of HELDOUT_SCHEMA: tokens with EOS, UTF-8 bytes."""
     texts = table["text"].to_pylist()
-    tokens = encode_documents(tokenizer, texts, eos, np.dtype(np.int32)) if texts else []
+    stream, lengths = encode_stream(tokenizer, texts, eos, np.dtype(np.int32))
+    offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int32)
+    tokens = pa.ListArray.from_arrays(pa.array(offsets), pa.array(stream, pa.int32()))
     columns = {
         "source": [source] * len(texts),
         "id": table["id"].cast(pa.string()),
-        "tokens": [document.tolist() for document in tokens],
-        "num_bytes": [len(text.encode("utf-8")) for text in texts],
+        "tokens": tokens,
+        "num_bytes": pc.binary_length(table["text"]).cast(pa.int64()),
     }
     return pa.table(columns, schema=HELDOUT_SCHEMA)
 
