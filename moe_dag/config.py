@@ -104,6 +104,13 @@ class TrainingLaunchConfig:
     steps: int = 300
     seed: int = 0
     nproc_per_node: int = 1
+    # Several nodes (docs/training.md, "Several nodes"): one torchrun agent per node, c10d rendezvous at
+    # `rdzv_endpoint` (host:port; None: node 0's address and a free port there). The agents run as
+    # tasks one per node of the Ray cluster at `ray_address` (None: `ray.address`; neither: all on this
+    # machine, for tests and the demo); every node must mount the lake at the same path.
+    nnodes: int = 1
+    rdzv_endpoint: str | None = None
+    ray_address: str | None = None
     overrides: dict[str, Any] = field(default_factory=dict)  # typed settings by dotted key
     # What the trainer runs: the preset with steps, seed and overrides applied. Resolved once, when the
     # pipeline config loads (in the Dagster process); the trainer receives it as a file, and the code
@@ -112,9 +119,12 @@ class TrainingLaunchConfig:
     resolved: Config = field(init=False)
 
     def __post_init__(self) -> None:
-        for name in ("steps", "nproc_per_node"):
+        for name in ("steps", "nproc_per_node", "nnodes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"must be at least 1, got {getattr(self, name)}", name)
+        host, _, port = (self.rdzv_endpoint or "h:1").rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigError(f"must be host:port, got {self.rdzv_endpoint!r}", "rdzv_endpoint")
         try:
             config = preset(self.preset)
         except ConfigError as error:
@@ -217,6 +227,8 @@ def _check_across_fields(config: PipelineConfig, origin: str) -> None:
         raise ConfigError(
             f"names unknown source(s) {unknown_sources}", "checks.max_drop_share_by_source", origin
         )
+    if config.training.nnodes > 1 and config.training.ray_address is None:
+        config.training.ray_address = config.ray.address  # the agents go where the data stages run
     for index, source in enumerate(config.sources):
         key = f"sources[{index}].prefilter"
         source.prefilter = checked_changes(PrefilterConfig, source.prefilter, origin, key)

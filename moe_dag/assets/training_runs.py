@@ -39,12 +39,25 @@ RUN_PLOTS = {"loss_curve": "loss.png", "expert_load": "expert_load.png", "source
 
 
 def training_command(
-    launch: TrainingLaunchConfig, data_dir: Path, out_dir: Path, eval_on: Path | None = None
+    launch: TrainingLaunchConfig,
+    data_dir: Path,
+    out_dir: Path,
+    eval_on: Path | None = None,
+    rendezvous_id: str | None = None,
 ) -> list[str]:
-    """The command line of the training process (one process, or torchrun's workers started by it).
-    The trainer reads the config resolved at load (`write_run_config`), never the preset again."""
+    """The command line of the training process (one process, or torchrun's workers started by it, or
+    on several nodes the launcher of one agent per node, meeting as `rendezvous_id`). The trainer reads
+    the config resolved at load (`write_run_config`), never the preset again."""
     arguments = ["--data", str(data_dir), "--out", str(out_dir), "--config", str(out_dir / RUN_CONFIG_FILE)]
     arguments += ["--nproc-per-node", str(launch.nproc_per_node)]
+    if launch.nnodes > 1:
+        arguments += ["--nnodes", str(launch.nnodes)]
+        for option, value in (
+            ("--rdzv-endpoint", launch.rdzv_endpoint),
+            ("--rdzv-id", rendezvous_id),
+            ("--ray-address", launch.ray_address),
+        ):
+            arguments += [option, value] if value else []
     if eval_on is not None:
         arguments += ["--eval-on", str(eval_on)]
     return [sys.executable, "-m", "moe_dag.orchestration.pipes_training", *arguments]
@@ -64,6 +77,8 @@ def run_dir_for(data_dir: Path, launch: TrainingLaunchConfig, root: Path) -> Pat
     mixture in another order start afresh, so the trainer never resumes a run under other settings."""
     mixture = (data_dir / "mixture.json").read_bytes()
     run = {"config": launch.resolved.to_dict(), "nproc_per_node": launch.nproc_per_node}
+    if launch.nnodes > 1:  # (only then, so one node's run folders stay where they were)
+        run["nnodes"] = launch.nnodes
     run_json = json.dumps(run, sort_keys=True).encode()
     return root / hashlib.sha256(mixture + run_json + DATA_ORDER.encode()).hexdigest()[:12]
 
@@ -77,7 +92,7 @@ def launch_training(
 ) -> dict[str, Any]:
     """Train (resuming in `out_dir`) and evaluate on `eval_on`; returns the metadata the run reported."""
     write_run_config(launch, out_dir)
-    command = training_command(launch, data_dir, out_dir, eval_on)
+    command = training_command(launch, data_dir, out_dir, eval_on, rendezvous_id=context.run_id)
     context.log.info("launching: " + shlex.join(command))
     client = dg.PipesSubprocessClient(env=launcher_env())
     try:

@@ -1,5 +1,6 @@
 """Command line: `python -m moe_dag.training --data DIR --out DIR --preset demo [--steps N] [--seed S]
-[--set section.field=value ...] [--nproc-per-node N] [--eval-on DIR]`. `--preset` names a file of
+[--set section.field=value ...] [--nproc-per-node N] [--eval-on DIR] [--nnodes N [--rdzv-endpoint HOST:PORT]
+[--rdzv-id ID] [--ray-address ADDRESS]]`. `--preset` names a file of
 configs/models/ or a YAML path; `--set` reaches nested fields too (`--set model.mla.kv_lora_rank=64`,
 `--set precision.recipe=fp8-emulated`). `--config FILE` takes a resolved config instead of a preset:
 the `moe_proxy` asset resolves its preset once, in the Dagster process, and hands the trainer that file.
@@ -7,7 +8,8 @@ the `moe_proxy` asset resolves its preset once, in the Dagster process, and hand
 `--nproc-per-node N` (N > 1) starts N data-parallel workers through torchrun's launcher in this
 process; `torchrun --nproc-per-node N -m moe_dag.training ...` does the same by hand. `--eval-on DIR`
 scores the final checkpoint on DIR's held-out documents right after training, on the device the run
-trained on, and writes `eval.json` and `eval_documents.parquet` into the run folder.
+trained on, and writes `eval.json` and `eval_documents.parquet` into the run folder. `--nnodes N`
+(N > 1) starts one torchrun agent per node instead, meeting through c10d rendezvous (multinode.py).
 
 `python -m moe_dag.orchestration.pipes_training` is the same command reporting to Dagster (what the
 `moe_proxy` asset launches): rank 0 streams its log to Dagster and reports the final figures as the asset's
@@ -22,11 +24,20 @@ import json
 import logging
 import os
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
 from moe_dag.training.config import Config, apply_overrides, override_settings, preset, preset_names
 from moe_dag.training.lifeline import die_with_launcher, launcher_env
+from moe_dag.training.multinode import (
+    NODE_OPTIONS,
+    Rendezvous,
+    free_local_endpoint,
+    run_local_agents,
+    run_ray_agents,
+    without_options,
+)
 from moe_dag.training.reporting import OpenReporter, Reporter, no_reporter
 from moe_dag.training.run_lock import RunFolderInUse
 from moe_dag.training.strict_config import ConfigError, read_yaml
@@ -70,7 +81,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--eval-on", type=Path, help="tokenized mixture directory whose held-out documents score the run"
     )
-    return parser.parse_args(argv)
+    nodes = parser.add_argument_group("several nodes (multinode.py)")
+    nodes.add_argument("--nnodes", type=int, default=1, help="nodes, each running --nproc-per-node workers")
+    nodes.add_argument(
+        "--rdzv-endpoint",
+        help="host:port of the c10d rendezvous (default: node 0's address and a free port there)",
+    )
+    nodes.add_argument("--rdzv-id", help="the rendezvous id, new for each run (default: a random one)")
+    nodes.add_argument(
+        "--ray-address",
+        help="start each node's agent as a task on its own node of this Ray cluster (default: every "
+        "agent on this machine)",
+    )
+    nodes.add_argument("--node-rank", type=int, help=argparse.SUPPRESS)  # set by the launcher on agents
+    args = parser.parse_args(argv)
+    if args.nnodes < 1:
+        parser.error(f"--nnodes must be at least 1, got {args.nnodes}")
+    return args
 
 
 def main(
@@ -91,8 +118,12 @@ def main(
     # thread; with PASSIVE, 2 threads match or beat 1. Must be set before torch is imported.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     die_with_launcher()
-    if args.nproc_per_node > 1 and "LOCAL_RANK" not in os.environ:
-        return _launch_workers(args.nproc_per_node, argv, module)
+    if args.nnodes > 1 and args.node_rank is None:
+        with open_reporter(True) as reporter:
+            _configure_logging(0, reporter)
+            return _launch_nodes(args, argv, module, reporter)
+    if (args.nproc_per_node > 1 or args.nnodes > 1) and "LOCAL_RANK" not in os.environ:
+        return _launch_workers(args.nproc_per_node, argv, module, _rendezvous(args))
     rank = int(os.environ.get("RANK", "0"))
     with open_reporter(rank == 0) as reporter:
         _configure_logging(rank, reporter)
@@ -103,27 +134,73 @@ def main(
             return 2
 
 
-def _launch_workers(nproc_per_node: int, argv: list[str], module: str) -> int:
-    """torchrun's launcher, in this process: it inherits the lifeline and passes it on to the workers."""
+def _launch_workers(
+    nproc_per_node: int, argv: list[str], module: str, node: tuple[Rendezvous, int] | None = None
+) -> int:
+    """torchrun's launcher, in this process: it inherits the lifeline and passes it on to the workers.
+    One node: a standalone rendezvous; one of several: `node`'s c10d rendezvous, as that node's agent."""
     from torch.distributed import run as torchrun
 
     os.environ.update(launcher_env())  # every worker dies with this process, however it ends
-    worker_argv = _without_option(argv, NPROC_OPTION)
-    # A standalone rendezvous picks a free port, so several single-node runs can share a machine.
-    torchrun.main(["--standalone", f"--nproc-per-node={nproc_per_node}", "-m", module, *worker_argv])
+    worker_argv = without_options(argv, (NPROC_OPTION, *NODE_OPTIONS))
+    if node is None:
+        # A standalone rendezvous picks a free port, so several single-node runs can share a machine.
+        options = ["--standalone", f"--nproc-per-node={nproc_per_node}"]
+    else:
+        options = node[0].torchrun_options(nproc_per_node, node[1])
+    torchrun.main([*options, "-m", module, *worker_argv])
     return 0
 
 
-def _without_option(argv: list[str], option: str) -> list[str]:
-    kept, skip_next = [], False
-    for arg in argv:
-        if skip_next:
-            skip_next = False
-        elif arg == option:
-            skip_next = True
-        elif not arg.startswith(option + "="):
-            kept.append(arg)
-    return kept
+def _rendezvous(args: argparse.Namespace) -> tuple[Rendezvous, int] | None:
+    """An agent's rendezvous and node rank (None on one node)."""
+    if args.nnodes == 1:
+        return None
+    return Rendezvous(nnodes=args.nnodes, endpoint=args.rdzv_endpoint, run_id=args.rdzv_id), args.node_rank
+
+
+def _launch_nodes(args: argparse.Namespace, argv: list[str], module: str, reporter: Reporter) -> int:
+    """Start every node's agent (multinode.py), wait for them, then report what rank 0 wrote in the
+    run folder: the workers report nothing themselves, as they may run on other machines."""
+    run_id = args.rdzv_id or uuid.uuid4().hex
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.ray_address:
+        gpus = args.nproc_per_node if _trains_on_cuda(args) else 0
+        code = run_ray_agents(
+            args.rdzv_endpoint,
+            run_id,
+            argv,
+            module,
+            nnodes=args.nnodes,
+            ray_address=args.ray_address,
+            out_dir=args.out,
+            gpus_per_node=gpus,
+        )
+    else:
+        endpoint = args.rdzv_endpoint or free_local_endpoint()
+        code = run_local_agents(
+            Rendezvous(nnodes=args.nnodes, endpoint=endpoint, run_id=run_id), argv, module
+        )
+    if code != 0:
+        log.error("a node's agent exited with status %d", code)
+        return code
+    from moe_dag.training.evaluate import EVAL_FILE
+
+    summary = json.loads((args.out / "summary.json").read_text())
+    evaluation = json.loads((args.out / EVAL_FILE).read_text()) if args.eval_on else None
+    _report(summary, args.out, evaluation, reporter)
+    return 0
+
+
+def _trains_on_cuda(args: argparse.Namespace) -> bool:
+    device = resolve_config(args).train.device
+    return device == "cuda" or (device == "auto" and _cuda_available())
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _configure_logging(rank: int, reporter: Reporter) -> None:
@@ -157,13 +234,17 @@ def _train_and_evaluate(config: Config, args: argparse.Namespace, reporter: Repo
     if not is_main:
         return 0
     evaluation = evaluate_run(args.out, args.eval_on, device=summary["device"]) if args.eval_on else None
+    _report(summary, args.out, evaluation, reporter)
+    return 0
+
+
+def _report(summary: dict[str, Any], out_dir: Path, evaluation: dict | None, reporter: Reporter) -> None:
     shown = {
         key: summary[key]
         for key in ("final_train_loss", "steps", "tokens_seen", "wall_seconds", "steps_per_second")
     }
     print(json.dumps(shown, indent=2))
-    reporter.report_materialization(_result_metadata(summary, args.out, evaluation))
-    return 0
+    reporter.report_materialization(_result_metadata(summary, out_dir, evaluation))
 
 
 def _result_metadata(summary: dict[str, Any], out_dir: Path, evaluation: dict | None) -> dict[str, Any]:
