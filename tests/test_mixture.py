@@ -36,7 +36,8 @@ from moe_dag.data.mixture.curated import (
 from moe_dag.data.mixture.heldout import heldout_count, heldout_cut, split_at_cut
 from moe_dag.data.mixture.neutral import EXCLUSION_SCHEMA, EXCLUSIONS_STAGE, without_excluded
 from moe_dag.data.mixture.token_shards import token_dtype, write_token_shard
-from moe_dag.data.tokenizer import TokenizerConfig, train_tokenizer
+from moe_dag.data.mixture.unfiltered import build_unfiltered_mixture, unfiltered_documents
+from moe_dag.data.tokenizer import TokenizerConfig, save_tokenizer, train_tokenizer
 
 # ---------------------------------------------------------------------------------------------- sampler
 
@@ -497,3 +498,58 @@ def test_the_mixture_uses_the_cuts_the_tokenizer_was_trained_around(scored_lake)
     assert read_heldout_cuts(lake, ["cc", "code"]) == trained.cuts
     with pytest.raises(ValueError, match=r"predates sources \['math'\]"):
         read_heldout_cuts(lake, ["cc", "math"])
+
+
+def test_the_unfiltered_mixture_is_built_per_shard_without_raw_text_in_this_process(
+    corpus, tmp_path, local_ray
+):
+    """The unfiltered baseline from the lake: raw shards hashed and tokenised in Ray tasks, the driver
+    reading no raw document; the same files `build_mixture` writes from `unfiltered_documents` in memory."""
+    documents, tokenizer = corpus
+    lake = Lake(tmp_path / "lake")
+    cc_text = documents["cc"]["text"][0].as_py()
+    raw = {source: table.select(["id", "text", "source"]) for source, table in documents.items()}
+    copy = pa.table({"id": ["code-copy"], "text": [cc_text], "source": ["code"]})  # an exact copy of cc-0
+    raw["code"] = pa.concat_tables([raw["code"], copy])
+    for source, table in raw.items():
+        half = table.num_rows // 2
+        for key, part in (("a", table.slice(0, half)), ("b", table.slice(half))):
+            lake.write_file(part, lake.shard_path("raw_documents", source, key))
+            lake.write_record("raw_documents", source, key, {"digest": f"{source}-{key}"})
+    clusters = pa.table(
+        {"id": ["cc-1", "cc-9", "math-7", "code-3"], "cluster_id": ["cc-1", "cc-1", "cc-1", "code-3"]}
+    )
+    lake.write_table(clusters, "dedup_clusters")
+    exclusions = pa.table({"source": ["code"], "id": ["code-5"], "reason": ["neutral"]}, EXCLUSION_SCHEMA)
+    lake.write_table(exclusions, EXCLUSIONS_STAGE)
+    save_tokenizer(tokenizer, lake.artifact_dir("tokenizer"))
+    curated = lake.artifact_dir("tokenized_mixture")
+    held = heldout_table(raw["cc"].slice(0, 2), tokenizer, 0, "cc")  # cc-0 and cc-1
+    pq.write_table(held, curated / "heldout.parquet")
+    (curated / "mixture.json").write_text(json.dumps({"total_tokens": 1980}))
+
+    reads = Counter()
+    for method in ("iter_batches", "read_table"):
+        original = getattr(lake, method)
+
+        def counting(stage, *args, _original=original, **kwargs):
+            reads[stage] += 1
+            return _original(stage, *args, **kwargs)
+
+        setattr(lake, method, counting)
+    built = build_unfiltered_mixture(
+        lake,
+        ["cc", "code", "math"],
+        CONFIG,
+        lambda spec, s, inputs: run_stage(spec, lake, s, inputs, workers=0),
+    )
+    assert reads["raw_documents"] == 0
+    assert len(lake.records("unfiltered_mixture/shards", "code")) == 2
+
+    kept, removed = unfiltered_documents(raw, {"cc-0", "cc-1", "code-5"}, clusters)
+    assert removed == {"heldout": 3, "exact_copy": 1, "near_copy": 2} == built.removed
+    assert built.documents == sum(table.num_rows for table in kept.values())
+    recipe = replace(CONFIG, total_tokens=1980, heldout_fraction=0.0, heldout_min_documents=0)
+    assert build_mixture(kept, tokenizer, recipe, tmp_path / "in_memory") == built.report
+    for name in ("train.npy", "train_source_tokens.npy", "heldout.parquet", "mixture.json"):
+        assert (built.out_dir / name).read_bytes() == (tmp_path / "in_memory" / name).read_bytes(), name

@@ -16,15 +16,13 @@ one sentence (`verdict`): the gain and its interval, or "not resolved at this bu
 the gain's measured trend and interval say would resolve it.
 """
 
-import dataclasses
 import json
 from pathlib import Path
 
 import dagster as dg
-import pyarrow.parquet as pq
 
 from moe_dag.assets.evaluation import evaluation_set_dirs
-from moe_dag.assets.mixture import REMIX, TOKENIZER_FILE
+from moe_dag.assets.mixture import REMIX
 from moe_dag.assets.operating import operated
 from moe_dag.assets.plots import curves_png, png_markdown
 from moe_dag.assets.training_runs import (
@@ -38,11 +36,9 @@ from moe_dag.assets.training_runs import (
     run_dir_for,
     training_losses,
 )
-from moe_dag.data.mixture import build_mixture
-from moe_dag.data.mixture.neutral import NEUTRAL_SET, excluded_ids
-from moe_dag.data.mixture.unfiltered import unfiltered_documents
-from moe_dag.data.tokenizer import load_tokenizer
-from moe_dag.orchestration.resources import PipelineResource
+from moe_dag.data.mixture.neutral import NEUTRAL_SET
+from moe_dag.data.mixture.unfiltered import build_unfiltered_mixture
+from moe_dag.orchestration.resources import PipelineResource, RayResource
 from moe_dag.training.baselines import dense_overrides
 from moe_dag.training.compare import compare_runs, read_document_losses, verdict
 from moe_dag.training.eval_sets import evaluate_on_sets, set_folder
@@ -63,39 +59,31 @@ GAIN_COLUMNS = {
 
 @dg.asset(
     group_name="comparisons",
-    kinds={"numpy"},
+    kinds={"numpy", "ray"},
     deps=["raw_documents", "dedup_clusters", "tokenizer", "tokenized_mixture", "neutral_documents"],
-    metadata=operated(1, "mixture", refresh=REMIX),
+    metadata=operated(2, "mixture", refresh=REMIX),
 )
-def unfiltered_mixture(pipeline: PipelineResource) -> dg.MaterializeResult:
+def unfiltered_mixture(
+    context: dg.AssetExecutionContext, pipeline: PipelineResource, ray: RayResource
+) -> dg.MaterializeResult:
     """Every ingested document (no filters, dedup or quality heads) packed like the curated mixture, to
     the same token budget; the curated held-out documents, the neutral set, and their exact and near
-    copies left out."""
+    copies left out. Raw text is read and tokenised per shard on Ray (moe_dag/data/mixture/unfiltered.py)."""
     lake, config = pipeline.lake, pipeline.config
-    curated_dir = lake.artifact_dir("tokenized_mixture")
-    curated = json.loads((curated_dir / "mixture.json").read_text())
-    heldout_ids = set(pq.read_table(curated_dir / "heldout.parquet", columns=["id"])["id"].to_pylist())
-    heldout_ids |= excluded_ids(lake)  # the neutral set and its copies
-    raw = {
-        name: lake.read_table("raw_documents", name, columns=["id", "text"]) for name in config.source_names
-    }
-    clusters = lake.read_table("dedup_clusters", columns=["id", "cluster_id"])
-    documents, removed = unfiltered_documents(raw, heldout_ids, clusters)
-    # Scored on the curated held-out set only: this mixture keeps nothing back of its own.
-    recipe = dataclasses.replace(
-        config.mixture, total_tokens=curated["total_tokens"], heldout_fraction=0.0, heldout_min_documents=0
+    built = build_unfiltered_mixture(
+        lake,
+        config.source_names,
+        config.mixture,
+        lambda spec, source, inputs: ray.run_stage(context, spec, lake, source, inputs),
     )
-    tokenizer = load_tokenizer(lake.artifact_dir("tokenizer") / TOKENIZER_FILE)
-    with lake.writing_artifact("unfiltered_mixture") as out_dir:
-        report = build_mixture(documents, tokenizer, recipe, out_dir)
     return dg.MaterializeResult(
         metadata={
-            "sequences": report["num_sequences"],
-            "tokens": report["total_tokens"],
-            "documents": sum(table.num_rows for table in documents.values()),
-            "removed_as_heldout_copies": dg.MetadataValue.json(removed),
-            "warnings": dg.MetadataValue.json(report["warnings"]),
-            "path": dg.MetadataValue.path(str(out_dir)),
+            "sequences": built.report["num_sequences"],
+            "tokens": built.report["total_tokens"],
+            "documents": built.documents,
+            "removed_as_heldout_copies": dg.MetadataValue.json(built.removed),
+            "warnings": dg.MetadataValue.json(built.report["warnings"]),
+            "path": dg.MetadataValue.path(str(built.out_dir)),
         }
     )
 
