@@ -35,7 +35,7 @@ OptimizerName = Literal["adamw", "muon"]
 ScheduleName = Literal["cosine", "wsd"]
 PrecisionRecipeName = Literal["fp32", "bf16", "fp8", "fp8-emulated", "nvfp4", "nvfp4-emulated"]
 FP8Scaling = Literal["delayed", "current", "block"]
-DataParallelKind = Literal["ddp", "fsdp"]
+DataParallelKind = Literal["ddp", "fsdp", "hsdp"]
 StopOn = Literal["never", "nan", "nan_or_spike"]
 
 # The repository's preset folder; `preset()` also takes a path to a YAML file anywhere.
@@ -201,7 +201,9 @@ class ParallelConfig:
 
     ep: int = 1
     # The dense parts (attention, dense FFN, shared experts, router, embedding, head) on every rank:
-    # replicated with DistributedDataParallel, or sharded with FSDP2 (`fully_shard`).
+    # replicated with DistributedDataParallel, sharded over all ranks with FSDP2 (`fully_shard`), or
+    # hybrid: FSDP2 over a (nodes, processes per node) mesh, sharded within a node and replicated across
+    # nodes, so parameter gathers stay on the node's links and only gradients cross nodes.
     data_parallel: DataParallelKind = "ddp"
     # Tokens cross the all-to-all as e4m3 with a float32 scale per 1x128 tile (half the bytes of bf16),
     # dequantised before the experts' first product; gradients return in the compute dtype.

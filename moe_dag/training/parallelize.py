@@ -12,7 +12,9 @@ Every rank reads its own batch (data parallelism over all W ranks).
 |                |                                              | sent it; `finish_gradients` sums them over |
 |                |                                              | replicas and divides by W                  |
 | everything     | every rank: DistributedDataParallel replicas | averaged over all W ranks by DDP or FSDP   |
-| else           | or FSDP2 shards (`parallel.data_parallel`)   |                                            |
+| else           | or FSDP2 shards (`parallel.data_parallel`):  |                                            |
+|                | over all W ranks (fsdp), or over the ranks   |                                            |
+|                | of a node, replicated across nodes (hsdp)    |                                            |
 
 Dividing the expert gradients by W makes them what one process would compute on the W batches
 together, as DDP's average does for the dense parts. The model is built and initialised whole on every
@@ -55,8 +57,15 @@ class Parallelism:
                 f"parallel.ep={config.ep} must divide the number of processes ({info.world_size})"
             )
         self.config, self.info = config, info
+        if config.data_parallel == "hsdp" and info.world_size % info.local_world_size:
+            raise ValueError(
+                f"parallel.data_parallel=hsdp needs the same processes on every node: {info.world_size} "
+                f"processes are not a multiple of {info.local_world_size} per node"
+            )
         self.mesh: DeviceMesh | None = None
         self.ep_group = self.replica_group = None
+        # The ranks over which one FSDP2 parameter is sharded: its gradient's squares sum over them.
+        self.shard_group: dist.ProcessGroup | None = None
         if info.world_size > 1:
             self.mesh = init_device_mesh(
                 info.device.type, (info.world_size // config.ep, config.ep), mesh_dim_names=("dp", "ep")
@@ -115,11 +124,12 @@ class Parallelism:
                 "bf16 or fp8-emulated"
             )
         experts = self.expert_parameters(model)
-        if self.config.data_parallel == "fsdp":
-            world = init_device_mesh(self.info.device.type, (self.info.world_size,))
+        if self.config.data_parallel in ("fsdp", "hsdp"):
+            mesh = self._dense_mesh()
+            self.shard_group = mesh.get_group(mesh.ndim - 1)
             for block in model.layers:
-                fully_shard(block, mesh=world, ignored_params=set(experts))
-            fully_shard(model, mesh=world, ignored_params=set(experts))
+                fully_shard(block, mesh=mesh, ignored_params=set(experts))
+            fully_shard(model, mesh=mesh, ignored_params=set(experts))
             return model
         expert_ids = {id(p) for p in experts}
         ignored = [name for name, p in model.named_parameters() if id(p) in expert_ids]
@@ -134,6 +144,16 @@ class Parallelism:
                 "ignore", message="`broadcast_buffers` is deprecated", category=FutureWarning
             )
             return DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)
+
+    def _dense_mesh(self) -> DeviceMesh:
+        """FSDP2's mesh: all ranks (fsdp), or (nodes, processes per node) (hsdp), on which fully_shard
+        replicates over the first dimension and shards over the second."""
+        if self.config.data_parallel == "fsdp":
+            return init_device_mesh(self.info.device.type, (self.info.world_size,))
+        nodes = self.info.world_size // self.info.local_world_size
+        return init_device_mesh(
+            self.info.device.type, (nodes, self.info.local_world_size), mesh_dim_names=("replicate", "shard")
+        )
 
     @torch.no_grad()
     def finish_gradients(self, model: Transformer) -> torch.Tensor:
@@ -161,9 +181,10 @@ class Parallelism:
     def _squared_norm(
         self, grads: list[torch.Tensor], group: dist.ProcessGroup | None = None
     ) -> torch.Tensor:
-        """Sum of squares of `grads`, summed over `group`; FSDP shards (DTensors) over all ranks."""
+        """Sum of squares of `grads`, summed over `group`; FSDP shards (DTensors) over the ranks they are
+        sharded over (every rank for fsdp, a node's for hsdp, whose nodes hold replicas)."""
         if any(isinstance(g, DTensor) for g in grads):
-            grads, group = [g.to_local() if isinstance(g, DTensor) else g for g in grads], dist.group.WORLD
+            grads, group = [g.to_local() if isinstance(g, DTensor) else g for g in grads], self.shard_group
         squared = torch.nn.utils.get_total_norm(grads).to(self.info.device).square()
         if group is not None:
             dist.all_reduce(squared, group=group)
