@@ -242,9 +242,16 @@ def test_train_rows_are_the_sampled_documents_back_to_back(built):
         seed=CONFIG.seed,
         max_epochs=CONFIG.max_epochs,
     )
-    stream = np.concatenate([shards[source].document(document) for source, document in sampler])
+    draws = list(sampler)
+    stream = np.concatenate([shards[source].document(document) for source, document in draws])
     flat = np.load(out_dir / "train.npy").reshape(-1)
     np.testing.assert_array_equal(flat, stream[: len(flat)])
+    # The index-level plan: the draws up to the first cap, as (column in source_columns, document).
+    plan = np.load(out_dir / "train_plan.npy")
+    drawn = sum(report["sources"][source]["documents"] for source in shards)
+    assert plan.dtype == np.int64 and plan.shape == (drawn, 2)
+    assert [(report["source_columns"][c], d) for c, d in plan.tolist()] == draws[: len(plan)]
+    assert sum(shards[s].lengths[d] for s, d in draws[: len(plan)]) >= len(flat)
 
 
 def test_heldout_is_disjoint_from_training_and_seed_independent(built, corpus, tmp_path):

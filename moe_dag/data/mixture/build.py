@@ -9,6 +9,10 @@ else under `out_dir` is read outside this package):
                      them in file order, so every prefix of training keeps the target shares.
     train_source_tokens.npy
                      [num_sequences, len(source_columns)] int32: tokens of each source in each row
+    train_plan.npy   [draws, 2] int64: the sampler's draws in stream order, (column in source_columns,
+                     document index in that source's token shards end to end); train.npy is these
+                     documents back to back, cut into rows. 16 bytes a draw, where the packer once kept
+                     a Python tuple of about 100.
     heldout.parquet  source, id, tokens (list<int32>: the document's tokens + EOS), num_bytes (UTF-8 bytes
                      of its text): the documents kept out of training (and out of the tokenizer's
                      training text), for bits-per-byte evaluation; see heldout.py for how many
@@ -29,6 +33,7 @@ the output path, so rebuilding with the same inputs rewrites byte-identical file
 
 from __future__ import annotations
 
+import array
 import dataclasses
 import json
 from collections import Counter
@@ -53,6 +58,7 @@ HELDOUT_FILE = "heldout.parquet"
 REPORT_FILE = "mixture.json"
 SHARDS_DIR = "shards"
 SOURCE_TOKENS_FILE = "train_source_tokens.npy"
+PLAN_FILE = "train_plan.npy"
 
 HELDOUT_SCHEMA = pa.schema(
     [
@@ -151,7 +157,8 @@ def pack_mixture(
     sampler = MixtureSampler(lengths, weights, seed=config.seed, max_epochs=config.max_epochs)
     row = config.seq_len + 1
     wanted = None if config.total_tokens is None else config.total_tokens // row * row
-    plan, capped_at, stream_tokens = _draw(sampler, lengths, wanted)
+    columns = {source: column for column, source in enumerate(sorted(sources))}
+    plan, capped_at, stream_tokens = _draw(sampler, lengths, columns, wanted)
     num_sequences = stream_tokens // row if wanted is None else min(wanted, stream_tokens) // row
     if num_sequences == 0:
         raise ValueError(f"the mixture drew {stream_tokens} tokens, less than one sequence of {row}")
@@ -181,61 +188,64 @@ def heldout_table(table: pa.Table, tokenizer: Tokenizer, eos: int, source: str) 
 
 
 def _draw(
-    sampler: MixtureSampler, lengths: dict[str, np.ndarray], wanted: int | None
-) -> tuple[list[tuple[str, int]], dict[str, int], int]:
-    """The sampled (source, document) order, after how many draws each capped source hit its cap, and the
-    tokens drawn.
+    sampler: MixtureSampler, lengths: dict[str, np.ndarray], columns: dict[str, int], wanted: int | None
+) -> tuple[np.ndarray, dict[str, int], int]:
+    """The sampled order as [draws, 2] (source column, document), after how many draws each capped source
+    hit its cap, and the tokens drawn.
 
     Stops once the stream holds `wanted` tokens, or (wanted None) as soon as the first source is capped,
     or when every source is capped."""
-    plan: list[tuple[str, int]] = []
+    drawn = array.array("q")  # column, document, column, document, ...: 16 bytes a draw
     capped_at: dict[str, int] = {}
     stream_tokens = 0
     with tqdm(total=wanted, desc="sample mixture", unit="tok", disable=None) as progress:
         for source, document in sampler:
-            plan.append((source, document))
+            drawn.extend((columns[source], document))
             length = int(lengths[source][document])
             stream_tokens += length
             progress.update(length)
             if source in sampler.exhausted:
-                capped_at[source] = len(plan)
+                capped_at[source] = len(drawn) // 2
                 if wanted is None:
                     break
             if wanted is not None and stream_tokens >= wanted:
                 break
-    return plan, capped_at, stream_tokens
+    return np.frombuffer(drawn, dtype=np.int64).reshape(-1, 2), capped_at, stream_tokens
 
 
 def _pack(
-    plan: list[tuple[str, int]],
+    plan: np.ndarray,
     shards: dict[str, SourceTokens],
     num_sequences: int,
     row: int,
     dtype: np.dtype,
     out_dir: Path,
 ) -> dict[str, int]:
-    """Concatenate the planned documents and cut the stream into `num_sequences` rows of `row` tokens
-    (the tail that does not fill a row is dropped) in train.npy, counting each row's tokens per source in
-    train_source_tokens.npy. Returns the tokens each source put into train.npy."""
-    columns = {source: column for column, source in enumerate(sorted(shards))}
-    source_tokens = np.zeros((num_sequences, len(columns)), dtype=np.int32)
+    """Write the plan to train_plan.npy, concatenate its documents and cut the stream into
+    `num_sequences` rows of `row` tokens (the tail that does not fill a row is dropped) in train.npy,
+    counting each row's tokens per source in train_source_tokens.npy. Returns the tokens each source put
+    into train.npy."""
+    names = sorted(shards)
+    source_tokens = np.zeros((num_sequences, len(names)), dtype=np.int32)
+    with atomic_path(out_dir / PLAN_FILE) as plan_partial, plan_partial.open("wb") as handle:
+        np.save(handle, plan)
     with atomic_path(out_dir / TRAIN_FILE) as partial:
         rows = np.lib.format.open_memmap(partial, mode="w+", dtype=dtype, shape=(num_sequences, row))
         flat = rows.reshape(-1)
         cursor = 0
-        for source, document in tqdm(plan, desc="pack sequences", unit="doc", disable=None):
+        for column, document in tqdm(plan.tolist(), desc="pack sequences", unit="doc", disable=None):
             if cursor == len(flat):
                 break
-            tokens = shards[source].document(document)[: len(flat) - cursor]
+            tokens = shards[names[column]].document(document)[: len(flat) - cursor]
             flat[cursor : cursor + len(tokens)] = tokens
-            _count_rows(source_tokens[:, columns[source]], cursor, cursor + len(tokens), row)
+            _count_rows(source_tokens[:, column], cursor, cursor + len(tokens), row)
             cursor += len(tokens)
         rows.flush()
         del rows, flat
         with atomic_path(out_dir / SOURCE_TOKENS_FILE) as counts_partial, counts_partial.open("wb") as handle:
             np.save(handle, source_tokens)
     totals = source_tokens.sum(axis=0, dtype=np.int64)
-    return {source: int(totals[column]) for source, column in columns.items()}
+    return {source: int(totals[column]) for column, source in enumerate(names)}
 
 
 def _count_rows(counts_R: np.ndarray, start: int, end: int, row: int) -> None:
@@ -255,7 +265,7 @@ def _report(
     shards: dict[str, SourceTokens],
     heldout: pa.Table,
     packed: dict[str, int],
-    plan: list[tuple[str, int]],
+    plan: np.ndarray,
     capped_at: dict[str, int],
     num_sequences: int,
     wanted: int | None,
