@@ -5,12 +5,23 @@ one process step by step, with and without expert parallelism; and the `moe_prox
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import dagster as dg
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+import yaml
 from test_expert_parallel import check_training, spawn
+from test_trainer import SEQ_LEN, write_mixture
 from torch.distributed.tensor import Replicate, Shard
 
+from moe_dag.assets.training import moe_proxy
+from moe_dag.config import DEFAULT_CONFIG, load_config
+from moe_dag.data.lake import Lake
+from moe_dag.orchestration.definitions import build_definitions
 from moe_dag.training.config import ParallelConfig, tiny
 from moe_dag.training.distributed import DistInfo
 from moe_dag.training.model import build_model
@@ -46,3 +57,44 @@ def _two_nodes_of_two(rank: int, world: int, port: int) -> None:
 @pytest.mark.slow
 def test_hybrid_sharding_over_two_nodes_of_two_follows_one_process() -> None:
     spawn(_two_nodes_of_two, NODES * PER_NODE)
+
+
+@pytest.fixture
+def two_node_pipeline(tmp_path: Path) -> Path:
+    """configs/demo.yaml with a fresh lake holding a small tokenized mixture, and tiny training on 2
+    "nodes" of 2 processes each with hybrid sharding (no Ray address: both agents on this machine)."""
+    raw = yaml.safe_load(Path(DEFAULT_CONFIG).read_text())
+    raw["lake_root"], raw["catalog_path"] = str(tmp_path / "lake"), str(tmp_path / "catalog.duckdb")
+    raw.pop("ray", None)
+    overrides = {
+        "train.num_threads": 1,
+        "train.batch_size": 2,
+        "train.checkpoint_every": 2,
+        "parallel.data_parallel": "hsdp",
+    }
+    raw["training"] = {
+        "preset": "tiny",
+        "steps": 4,
+        "nnodes": NODES,
+        "nproc_per_node": PER_NODE,
+        "overrides": overrides,
+    }
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    rows = (np.arange(24)[:, None] + np.arange(SEQ_LEN + 1)[None, :]) % 12 + 1
+    write_mixture(Lake(load_config(path).lake_root).artifact_dir("tokenized_mixture"), rows)
+    return path
+
+
+@pytest.mark.slow
+def test_moe_proxy_trains_on_two_nodes_of_two_processes(two_node_pipeline: Path) -> None:
+    resources = build_definitions(two_node_pipeline).resources
+    result = dg.materialize([moe_proxy], resources=resources, selection=["moe_proxy"])
+    trained = result.asset_materializations_for_node("moe_proxy")[0].metadata
+    # 2 processes per agent and 4 ranks: torchrun numbered the workers of both nodes' agents.
+    assert trained["world_size"].value == NODES * PER_NODE and trained["steps"].value == 4
+    run_dir = Path(trained["run_dir"].value)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 4 and summary["config"]["parallel"]["data_parallel"] == "hsdp"
+    assert Path(summary["checkpoint"]).name == "step_4" and (run_dir / "eval.json").exists()
+    assert trained["heldout_documents"].value == 2

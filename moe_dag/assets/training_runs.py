@@ -92,7 +92,7 @@ def launch_training(
 ) -> dict[str, Any]:
     """Train (resuming in `out_dir`) and evaluate on `eval_on`; returns the metadata the run reported."""
     write_run_config(launch, out_dir)
-    command = training_command(launch, data_dir, out_dir, eval_on, rendezvous_id=context.run_id)
+    command = training_command(launch, data_dir, out_dir, eval_on, rendezvous_id=context.run.run_id)
     context.log.info("launching: " + shlex.join(command))
     client = dg.PipesSubprocessClient(env=launcher_env())
     try:
