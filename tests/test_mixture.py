@@ -26,6 +26,7 @@ from moe_dag.data.mixture import (
     split_heldout,
     training_documents,
 )
+from moe_dag.data.mixture import build as mixture_build
 from moe_dag.data.mixture.build import heldout_table
 from moe_dag.data.mixture.curated import (
     TOKENS_STAGE,
@@ -560,3 +561,14 @@ def test_the_unfiltered_mixture_is_built_per_shard_without_raw_text_in_this_proc
     assert build_mixture(kept, tokenizer, recipe, tmp_path / "in_memory") == built.report
     for name in ("train.npy", "train_source_tokens.npy", "heldout.parquet", "mixture.json"):
         assert (built.out_dir / name).read_bytes() == (tmp_path / "in_memory" / name).read_bytes(), name
+
+
+@pytest.mark.parametrize("rows_per_chunk", [1, 2, 7])
+def test_packing_in_chunks_writes_the_same_rows(corpus, built, tmp_path, monkeypatch, rows_per_chunk):
+    """Chunks pack in parallel from the plan alone; documents cross chunk boundaries."""
+    documents, tokenizer = corpus
+    _, whole = built
+    monkeypatch.setattr(mixture_build, "PACK_CHUNK_TOKENS", rows_per_chunk * (SEQ_LEN + 1))
+    build_mixture(documents, tokenizer, CONFIG, tmp_path)
+    for name in ("train.npy", "train_source_tokens.npy", "train_plan.npy", "mixture.json"):
+        assert (tmp_path / name).read_bytes() == (whole / name).read_bytes(), name

@@ -36,7 +36,9 @@ from __future__ import annotations
 import array
 import dataclasses
 import json
+import os
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +61,7 @@ REPORT_FILE = "mixture.json"
 SHARDS_DIR = "shards"
 SOURCE_TOKENS_FILE = "train_source_tokens.npy"
 PLAN_FILE = "train_plan.npy"
+PACK_CHUNK_TOKENS = 1 << 22  # tokens per packing chunk: its gather indices take 16 bytes a token
 
 HELDOUT_SCHEMA = pa.schema(
     [
@@ -221,42 +224,86 @@ def _pack(
     dtype: np.dtype,
     out_dir: Path,
 ) -> dict[str, int]:
-    """Write the plan to train_plan.npy, concatenate its documents and cut the stream into
-    `num_sequences` rows of `row` tokens (the tail that does not fill a row is dropped) in train.npy,
-    counting each row's tokens per source in train_source_tokens.npy. Returns the tokens each source put
-    into train.npy."""
+    """Write the plan to train_plan.npy, then its documents back to back cut into `num_sequences` rows of
+    `row` tokens (the tail that does not fill a row is dropped) in train.npy, and each row's tokens per
+    source in train_source_tokens.npy. Returns the tokens each source put into train.npy.
+
+    The rows are packed in chunks, each a function of the plan alone (`_pack_rows`), on a thread per
+    core: the copies are numpy gathers, which run without the GIL."""
     names = sorted(shards)
+    lengths_P = np.zeros(len(plan), dtype=np.int64)
+    for column, source in enumerate(names):
+        drawn = plan[:, 0] == column
+        lengths_P[drawn] = shards[source].lengths[plan[drawn, 1]]
+    starts_P = np.cumsum(lengths_P) - lengths_P  # each draw's first position in the stream
     source_tokens = np.zeros((num_sequences, len(names)), dtype=np.int32)
     with atomic_path(out_dir / PLAN_FILE) as plan_partial, plan_partial.open("wb") as handle:
         np.save(handle, plan)
     with atomic_path(out_dir / TRAIN_FILE) as partial:
         rows = np.lib.format.open_memmap(partial, mode="w+", dtype=dtype, shape=(num_sequences, row))
-        flat = rows.reshape(-1)
-        cursor = 0
-        for column, document in tqdm(plan.tolist(), desc="pack sequences", unit="doc", disable=None):
-            if cursor == len(flat):
-                break
-            tokens = shards[names[column]].document(document)[: len(flat) - cursor]
-            flat[cursor : cursor + len(tokens)] = tokens
-            _count_rows(source_tokens[:, column], cursor, cursor + len(tokens), row)
-            cursor += len(tokens)
+        chunk = max(1, PACK_CHUNK_TOKENS // row)
+        starts = range(0, num_sequences, chunk)
+        sources = [shards[source] for source in names]
+        with ThreadPoolExecutor(max_workers=min(len(starts), os.cpu_count() or 1)) as pool:
+            packing = [
+                pool.submit(
+                    _pack_rows,
+                    plan,
+                    starts_P,
+                    lengths_P,
+                    sources,
+                    rows[first : first + chunk],
+                    source_tokens[first : first + chunk],
+                    first * row,
+                )
+                for first in starts
+            ]
+            for done in tqdm(packing, desc="pack sequences", unit="chunk", disable=None):
+                done.result()
         rows.flush()
-        del rows, flat
+        del rows
         with atomic_path(out_dir / SOURCE_TOKENS_FILE) as counts_partial, counts_partial.open("wb") as handle:
             np.save(handle, source_tokens)
     totals = source_tokens.sum(axis=0, dtype=np.int64)
     return {source: int(totals[column]) for column, source in enumerate(names)}
 
 
-def _count_rows(counts_R: np.ndarray, start: int, end: int, row: int) -> None:
-    """Add to each row's count the tokens of stream positions [start, end) that fall in it."""
-    first, last = start // row, (end - 1) // row
-    if first == last:
-        counts_R[first] += end - start
-        return
-    counts_R[first] += (first + 1) * row - start
-    counts_R[first + 1 : last] += row
-    counts_R[last] += end - last * row
+def _pack_rows(
+    plan: np.ndarray,
+    starts_P: np.ndarray,
+    lengths_P: np.ndarray,
+    sources: list[SourceTokens],
+    rows_RT: np.ndarray,
+    counts_RS: np.ndarray,
+    begin: int,
+) -> None:
+    """Fill `rows_RT` (the rows of the stream from position `begin`) and their tokens per source
+    `counts_RS` from the draws that overlap them: per source and shard, one gather of their tokens."""
+    out = rows_RT.reshape(-1)
+    end = begin + len(out)
+    column_T = np.zeros(len(out), dtype=np.int32)
+    first = int(np.searchsorted(starts_P + lengths_P, begin, side="right"))
+    last = int(np.searchsorted(starts_P, end, side="left"))
+    draws = np.arange(first, last)
+    for column, source in enumerate(sources):
+        mine = draws[plan[first:last, 0] == column]
+        low = np.maximum(starts_P[mine], begin)  # the part of each document inside these rows
+        taken = np.minimum(starts_P[mine] + lengths_P[mine], end) - low
+        skipped = low - starts_P[mine]  # tokens of a document that began in the rows before
+        shard_of, index = source.locate(plan[mine, 1])
+        for s, shard in enumerate(source.shards):
+            here = shard_of == s
+            if not here.any():
+                continue
+            n = taken[here]
+            within = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
+            read = np.repeat(shard.offsets[index[here]] + skipped[here], n) + within
+            write = np.repeat(low[here] - begin, n) + within
+            out[write] = shard.tokens[read]
+            column_T[write] = column
+    by_row = column_T.reshape(rows_RT.shape)
+    for column in range(len(sources)):
+        counts_RS[:, column] = (by_row == column).sum(axis=1)
 
 
 def _report(

@@ -215,3 +215,8 @@ class SourceTokens:
     def document(self, index: int) -> np.ndarray:
         shard = int(np.searchsorted(self._starts, index, side="right")) - 1
         return self.shards[shard].document(index - int(self._starts[shard]))
+
+    def locate(self, documents: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(shard, index within that shard) of each of the source's `documents`."""
+        shard = np.searchsorted(self._starts, documents, side="right") - 1
+        return shard, documents - self._starts[shard]
