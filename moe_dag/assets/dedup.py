@@ -19,6 +19,9 @@ import functools
 import time
 
 import dagster as dg
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from moe_dag.assets.operating import operated
 from moe_dag.assets.partitions import PER_SOURCE
@@ -43,6 +46,7 @@ from moe_dag.data.engine import StageSpec
 from moe_dag.data.engine.cluster import cluster_cpus
 from moe_dag.data.engine.stages import DedupWork, SignatureWork
 from moe_dag.data.lake import Lake
+from moe_dag.data.tasks import map_tasks
 from moe_dag.orchestration.resources import PipelineResource, RayResource
 
 VERSIONS = "cluster_versions"  # dedup_clusters metadata: {source: version}
@@ -168,7 +172,20 @@ def deduplicated(
 def _built_from(lake: Lake, source: str) -> str:
     if not lake.has_table("deduplicated", source):
         return EMPTY_VERSION
-    return built_from_version(lake.read_table("deduplicated", source, columns=[CLUSTER_VERSION]))
+    # Each file's distinct versions, found by a task: the partition's rows never come into this process.
+    per_file = map_tasks(
+        functools.partial(_file_versions, lake.url), lake.parquet_files("deduplicated", source)
+    )
+    versions = list(dict.fromkeys(version for versions in per_file for version in versions))
+    return built_from_version(pa.table({CLUSTER_VERSION: pa.array(versions, pa.string())}))
+
+
+def _file_versions(lake_url: str, path: str) -> list[str]:
+    lake = Lake(lake_url)
+    with lake.fs.open(path, "rb") as handle:
+        if CLUSTER_VERSION not in pq.ParquetFile(handle).schema_arrow.names:
+            return []
+    return pc.unique(lake.read_file(path, [CLUSTER_VERSION])[CLUSTER_VERSION]).to_pylist()
 
 
 @dg.asset_check(asset="deduplicated", blocking=True)

@@ -11,9 +11,7 @@ from moe_dag.data.engine import StageSpec
 from moe_dag.data.engine.stages import FilterWork
 from moe_dag.data.filters import build_prefilters
 from moe_dag.data.fits import (
-    change_counts,
-    changed_decisions,
-    decisions,
+    DecisionsBefore,
     fit_source_in_tasks,
     load_fit,
     settings_digest,
@@ -64,7 +62,7 @@ def prefiltered(
             settings,
             workers=ray.workers,
         )
-        before = decisions(lake, "prefiltered", source.name)
+        before = DecisionsBefore(lake, "prefiltered", source.name)
         store_fit(lake, "prefiltered", source.name, fit)
     context.log.info(f"{'fitted' if refitted else 'stored'} fit {fit.describe()}")
     filters = with_fit(filters, fit)
@@ -81,7 +79,7 @@ def prefiltered(
     }
     if refitted:
         # What the new fit (and any new settings with it) changed among documents decided before.
-        changed = changed_decisions(before, decisions(lake, "prefiltered", source.name))
-        extra["decisions_changed"] = changed.num_rows
-        extra["decisions_changed_by_reason"] = dg.MetadataValue.json(change_counts(changed))
+        changed = before.changes()
+        extra["decisions_changed"] = sum(changed.values())
+        extra["decisions_changed_by_reason"] = dg.MetadataValue.json(changed)
     return decision_result(context, pipeline, run, "raw_documents", extra, DROP_SHARE)

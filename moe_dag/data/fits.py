@@ -242,6 +242,52 @@ def decisions(lake: Lake, stage: str, source: str) -> pa.Table:
     return lake.read_table(stage, source, columns=["id", "keep", "reason"])
 
 
+class DecisionsBefore:
+    """The decisions of a stage's slice kept aside before a refit rewrites it, to count what changed.
+
+    Copied and compared shard by shard in Ray tasks (a document's id stays in its shard's file), so the
+    slice never comes into this process: `changes` returns counts per "reason_before -> reason_after"."""
+
+    def __init__(self, lake: Lake, stage: str, source: str) -> None:
+        self.lake, self.stage, self.source = lake, stage, source
+        self.folder = posixpath.join(_folder(lake, stage, source), "decisions_before")
+        if lake.fs.exists(self.folder):
+            lake.fs.rm(self.folder, recursive=True)
+        files = lake.parquet_files(stage, source) if lake.has_table(stage, source) else []
+        map_tasks(functools.partial(_copy_decisions, lake.url, self.folder), files)
+
+    def changes(self) -> dict[str, int]:
+        """Changed decisions of the documents in the slice both before and now, then forgets the copy."""
+        copies = (
+            self.lake.files_matching(self.folder, "*.parquet") if self.lake.fs.exists(self.folder) else []
+        )
+        now = self.lake.dataset_dir(self.stage, self.source)
+        pairs = [(copy, posixpath.join(now, posixpath.basename(copy))) for copy in copies]
+        totals: dict[str, int] = {}
+        for counts in map_tasks(functools.partial(_changes, self.lake.url), pairs):
+            for key, count in counts.items():
+                totals[key] = totals.get(key, 0) + count
+        if copies:
+            self.lake.fs.rm(self.folder, recursive=True)
+        return dict(sorted(totals.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def _copy_decisions(lake_url: str, folder: str, path: str) -> None:
+    lake = Lake(lake_url)
+    lake.write_file(
+        lake.read_file(path, ["id", "keep", "reason"]), posixpath.join(folder, posixpath.basename(path))
+    )
+
+
+def _changes(lake_url: str, pair: tuple[str, str]) -> dict[str, int]:
+    lake, (before, now) = Lake(lake_url), pair
+    if not lake.fs.exists(now):
+        return {}
+    return change_counts(
+        changed_decisions(lake.read_file(before), lake.read_file(now, ["id", "keep", "reason"]))
+    )
+
+
 def changed_decisions(before: pa.Table, after: pa.Table) -> pa.Table:
     """The documents in both tables whose keep or reason differs: id, reason_before, reason_after
     (a kept document's reason is "kept")."""
