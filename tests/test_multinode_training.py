@@ -6,6 +6,10 @@ one process step by step, with and without expert parallelism; and the `moe_prox
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import dagster as dg
@@ -25,6 +29,7 @@ from moe_dag.orchestration.definitions import build_definitions
 from moe_dag.training.config import ParallelConfig, tiny
 from moe_dag.training.distributed import DistInfo
 from moe_dag.training.model import build_model
+from moe_dag.training.multinode import SHARED_TOKEN_FILE, _agent
 from moe_dag.training.parallelize import Parallelism
 
 NODES, PER_NODE = 2, 2
@@ -98,3 +103,45 @@ def test_moe_proxy_trains_on_two_nodes_of_two_processes(two_node_pipeline: Path)
     assert summary["world_size"] == 4 and summary["config"]["parallel"]["data_parallel"] == "hsdp"
     assert Path(summary["checkpoint"]).name == "step_4" and (run_dir / "eval.json").exists()
     assert trained["heldout_documents"].value == 2
+
+
+def test_an_agent_that_does_not_see_the_run_folder_refuses_to_start(tmp_path: Path) -> None:
+    (tmp_path / SHARED_TOKEN_FILE).write_text("another launcher's token")
+    with pytest.raises(RuntimeError, match="does not see the launcher's run folder"):
+        _agent(["-c", "raise SystemExit(0)"], {}, str(tmp_path), "this launcher's token")
+    with pytest.raises(RuntimeError, match="several nodes need the lake on storage every node mounts"):
+        _agent(["-c", "raise SystemExit(0)"], {}, str(tmp_path / "elsewhere"), "this launcher's token")
+
+
+@pytest.mark.slow
+def test_on_a_ray_cluster_each_nodes_agent_runs_on_its_own_node(tmp_path: Path) -> None:
+    """A Ray cluster of a CPU-less head and two 1-CPU workers on this machine (separate node ids):
+    given its address, the launcher places the two agents on the two workers, and they train together."""
+    from ray.cluster_utils import Cluster
+
+    data = write_mixture(tmp_path / "data", (np.arange(24)[:, None] + np.arange(SEQ_LEN + 1)) % 12 + 1)
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "object_store_memory": 80 << 20})
+    try:
+        workers = {cluster.add_node(num_cpus=1, object_store_memory=80 << 20).node_id for _ in range(2)}
+        command = [
+            sys.executable,
+            "-m",
+            "moe_dag.training",
+            "--data",
+            str(data),
+            "--out",
+            str(tmp_path / "run"),
+        ]
+        command += ["--preset", "tiny", "--steps", "2", "--nnodes", "2", "--ray-address", cluster.address]
+        for setting in ("train.batch_size=2", "train.num_threads=1", "train.checkpoint_every=2"):
+            command += ["--set", setting]
+        child = subprocess.run(
+            command, capture_output=True, text=True, timeout=600, env={**os.environ, "WANDB_MODE": "disabled"}
+        )
+    finally:
+        cluster.shutdown()
+    assert child.returncode == 0, child.stderr[-4000:]
+    placed = set(re.findall(r"agent ran on Ray node (\w+)", child.stderr))
+    assert placed == workers  # one agent on each worker node
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and Path(summary["checkpoint"]).name == "step_2"

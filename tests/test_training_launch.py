@@ -91,3 +91,15 @@ def test_an_agent_starts_torchrun_on_its_node_of_the_rendezvous(monkeypatch):
     _launch_workers(2, agent, "moe_dag.training", node)
     options = rendezvous.torchrun_options(2, 1)
     assert started == [[*options, "-m", "moe_dag.training", "--data", "d", "--out", "x"]]
+
+
+def test_the_node_on_whose_address_the_launcher_chose_the_port_hosts_the_store():
+    rendezvous = Rendezvous(nnodes=2, endpoint="10.0.0.7:4000", run_id="r", host_node=0)
+    agent = rendezvous.agent_argv(["--data", "d", "--out", "x"], node_rank=1)
+    node = _rendezvous(parse_args(agent))
+    assert node == (rendezvous, 1)
+    assert "--rdzv-conf=is_host=0" in rendezvous.torchrun_options(1, 1)
+    assert "--rdzv-conf=is_host=1" in rendezvous.torchrun_options(1, 0)
+    # An endpoint from the config: torch finds the host by the machines' names.
+    given = Rendezvous(nnodes=2, endpoint="head:4000", run_id="r")
+    assert not any(option.startswith("--rdzv-conf") for option in given.torchrun_options(1, 0))

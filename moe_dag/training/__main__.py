@@ -93,7 +93,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="start each node's agent as a task on its own node of this Ray cluster (default: every "
         "agent on this machine)",
     )
-    nodes.add_argument("--node-rank", type=int, help=argparse.SUPPRESS)  # set by the launcher on agents
+    # Set by the launcher on each agent.
+    nodes.add_argument("--node-rank", type=int, help=argparse.SUPPRESS)
+    nodes.add_argument("--rdzv-host-node", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.nnodes < 1:
         parser.error(f"--nnodes must be at least 1, got {args.nnodes}")
@@ -156,7 +158,10 @@ def _rendezvous(args: argparse.Namespace) -> tuple[Rendezvous, int] | None:
     """An agent's rendezvous and node rank (None on one node)."""
     if args.nnodes == 1:
         return None
-    return Rendezvous(nnodes=args.nnodes, endpoint=args.rdzv_endpoint, run_id=args.rdzv_id), args.node_rank
+    rendezvous = Rendezvous(
+        nnodes=args.nnodes, endpoint=args.rdzv_endpoint, run_id=args.rdzv_id, host_node=args.rdzv_host_node
+    )
+    return rendezvous, args.node_rank
 
 
 def _launch_nodes(args: argparse.Namespace, argv: list[str], module: str, reporter: Reporter) -> int:
@@ -177,10 +182,13 @@ def _launch_nodes(args: argparse.Namespace, argv: list[str], module: str, report
             gpus_per_node=gpus,
         )
     else:
-        endpoint = args.rdzv_endpoint or free_local_endpoint()
-        code = run_local_agents(
-            Rendezvous(nnodes=args.nnodes, endpoint=endpoint, run_id=run_id), argv, module
+        rendezvous = Rendezvous(
+            nnodes=args.nnodes,
+            endpoint=args.rdzv_endpoint or free_local_endpoint(),
+            run_id=run_id,
+            host_node=0 if args.rdzv_endpoint is None else None,  # node 0 hosts on the port chosen here
         )
+        code = run_local_agents(rendezvous, argv, module)
     if code != 0:
         log.error("a node's agent exited with status %d", code)
         return code

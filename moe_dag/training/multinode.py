@@ -16,6 +16,7 @@ Where the agents run:
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import socket
@@ -26,8 +27,17 @@ from pathlib import Path
 
 from moe_dag.training.lifeline import launcher_env
 
+log = logging.getLogger("moe_dag.training")
+
 # The launcher's own options: each agent receives them explicitly, its workers not at all.
-NODE_OPTIONS = ("--nnodes", "--node-rank", "--rdzv-endpoint", "--rdzv-id", "--ray-address")
+NODE_OPTIONS = (
+    "--nnodes",
+    "--node-rank",
+    "--rdzv-endpoint",
+    "--rdzv-id",
+    "--rdzv-host-node",
+    "--ray-address",
+)
 SHARED_TOKEN_FILE = ".shared_storage_token"  # written by the launcher, read by every agent
 PIPES_ENV_PREFIX = "DAGSTER_PIPES_"
 # The launcher's settings an agent on another machine takes (the rest of its environment is its node's).
@@ -45,14 +55,22 @@ class Rendezvous:
     nnodes: int
     endpoint: str  # host:port of the c10d store (hosted by the agent whose machine has that host)
     run_id: str  # the same for every agent of one run, new for the next
+    # The node whose agent hosts the store, when the launcher chose the endpoint on it. None: torch's
+    # guess, the agent whose machine's names include the endpoint's host (for an endpoint given in the
+    # config); a node address Ray reports need not be among a machine's names, and then no agent hosts.
+    host_node: int | None = None
 
     def torchrun_options(self, nproc_per_node: int, node_rank: int) -> list[str]:
+        hosting = (
+            [] if self.host_node is None else [f"--rdzv-conf=is_host={int(node_rank == self.host_node)}"]
+        )
         return [
             f"--nnodes={self.nnodes}",
             f"--nproc-per-node={nproc_per_node}",
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint={self.endpoint}",
             f"--rdzv-id={self.run_id}",
+            *hosting,
             f"--node-rank={node_rank}",
         ]
 
@@ -65,6 +83,7 @@ class Rendezvous:
             f"--node-rank={node_rank}",
             f"--rdzv-endpoint={self.endpoint}",
             f"--rdzv-id={self.run_id}",
+            *([] if self.host_node is None else [f"--rdzv-host-node={self.host_node}"]),
         ]
 
 
@@ -134,10 +153,13 @@ def run_ray_agents(
         def on_node(rank: int) -> PlacementGroupSchedulingStrategy:
             return PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=rank)
 
-        endpoint = rendezvous_endpoint or ray.get(
-            ray.remote(num_cpus=0)(_node_endpoint).options(scheduling_strategy=on_node(0)).remote()
-        )
-        rendezvous = Rendezvous(nnodes=nnodes, endpoint=endpoint, run_id=rendezvous_id)
+        if rendezvous_endpoint is None:
+            endpoint = ray.get(
+                ray.remote(num_cpus=0)(_node_endpoint).options(scheduling_strategy=on_node(0)).remote()
+            )
+            rendezvous = Rendezvous(nnodes=nnodes, endpoint=endpoint, run_id=rendezvous_id, host_node=0)
+        else:
+            rendezvous = Rendezvous(nnodes=nnodes, endpoint=rendezvous_endpoint, run_id=rendezvous_id)
         agent = ray.remote(_agent)
         forwarded = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV_PREFIXES)}
         agents = [
@@ -146,10 +168,12 @@ def run_ray_agents(
             )
             for rank in range(nnodes)
         ]
-        codes = ray.get(agents)
+        finished = ray.get(agents)
     finally:
         remove_placement_group(group)
-    return next((code for code in codes if code != 0), 0)
+    for rank, (node, code) in enumerate(finished):
+        log.info("node %d's agent ran on Ray node %s and exited with status %d", rank, node, code)
+    return next((code for _, code in finished if code != 0), 0)
 
 
 def _node_endpoint() -> str:
@@ -161,8 +185,11 @@ def _node_endpoint() -> str:
         return f"{ray.util.get_node_ip_address()}:{s.getsockname()[1]}"
 
 
-def _agent(arguments: list[str], forwarded: dict[str, str], out_dir: str, token: str) -> int:
-    """On its node: the agent under this node's Python and environment, plus the launcher's settings."""
+def _agent(arguments: list[str], forwarded: dict[str, str], out_dir: str, token: str) -> tuple[str, int]:
+    """On its node: the agent under this node's Python and environment, plus the launcher's settings;
+    returns the Ray node id and the agent's exit status."""
+    import ray
+
     seen = Path(out_dir) / SHARED_TOKEN_FILE
     if not seen.exists() or seen.read_text() != token:
         raise RuntimeError(
@@ -172,4 +199,5 @@ def _agent(arguments: list[str], forwarded: dict[str, str], out_dir: str, token:
     # The Ray worker is this agent's launcher: the agent and its workers die with it. Ray's
     # CUDA_VISIBLE_DEVICES (this bundle's GPUs) passes on to the workers.
     env = dict(os.environ) | forwarded | launcher_env()
-    return subprocess.run([sys.executable, *arguments], env=env, check=False).returncode
+    code = subprocess.run([sys.executable, *arguments], env=env, check=False).returncode
+    return ray.get_runtime_context().get_node_id(), code
