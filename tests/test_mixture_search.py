@@ -7,15 +7,19 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from moe_dag.data.mixture import MixtureConfig, SourceTokens, write_token_shard
 from moe_dag.data.mixture.search import (
     AVERAGE,
     MixtureSearchConfig,
     config_snippet,
     epoch_cap_ok,
     fit_regressions,
+    mean_document_losses,
+    pack_candidate,
     propose,
     sample_candidates,
 )
+from moe_dag.data.tokenizer import TokenizerConfig, eos_id, train_tokenizer
 from moe_dag.training.compare import average_bits_per_byte, verdict
 
 WEIGHTS = {"code": 0.3, "intl": 0.2, "prose": 0.5}
@@ -31,6 +35,75 @@ def test_candidates_stay_within_every_source_epoch_cap() -> None:
     assert (shares[:, 1] * 200_000 <= 30_000).all()
     with pytest.raises(ValueError, match="fit the epoch caps"):
         sample_candidates(WEIGHTS, {"code": 10, "intl": 10, "prose": 10}, 200_000, 1.0, config)
+
+
+def _documents_read(folder, shards: dict[str, SourceTokens], eos: int) -> dict[str, list[int]]:
+    """Each source's documents in the order train.npy holds them (the last, cut one left out)."""
+    known = {
+        tuple(tokens.document(i).tolist()): (source, i)
+        for source, tokens in shards.items()
+        for i in range(len(tokens))
+    }
+    stream = np.load(folder / "train.npy").reshape(-1).tolist()
+    read: dict[str, list[int]] = {source: [] for source in shards}
+    start = 0
+    for end, token in enumerate(stream):
+        if token == eos:
+            source, index = known[tuple(stream[start : end + 1])]
+            read[source].append(index)
+            start = end + 1
+    return read
+
+
+def test_candidates_differ_only_in_weights_each_source_reads_its_documents_in_one_order(tmp_path) -> None:
+    """A candidate is an index-level view of the same token shards: every candidate reads each source's
+    documents in the same seeded order, only how many of them differs, so candidates' losses differ by
+    their weights and not by which documents they happened to draw."""
+    rng = np.random.default_rng(0)
+    words = ["data", "model", "expert", "token", "route", "mix", "shard", "proxy"]
+    tables = {
+        source: pa.table(
+            {
+                "id": [f"{source}{i}" for i in range(40)],
+                "text": [
+                    f"{source} {i} " + " ".join(rng.choice(words, size=rng.integers(3, 30)))
+                    for i in range(40)
+                ],
+            }
+        )
+        for source in SOURCES
+    }
+    tokenizer = train_tokenizer(
+        (t for table in tables.values() for t in table["text"].to_pylist()), TokenizerConfig(vocab_size=300)
+    )
+    eos = eos_id(tokenizer, "<|endoftext|>")
+    shards = {
+        s: SourceTokens(s, [write_token_shard(t, tokenizer, eos, tmp_path / "shards", s)])
+        for s, t in tables.items()
+    }
+    recipe = MixtureConfig(weights=WEIGHTS, seq_len=32, total_tokens=33 * 60)
+    vocab = tokenizer.get_vocab_size(with_added_tokens=True)
+    orders = []
+    for name, shares in (
+        ("a", {"code": 0.6, "intl": 0.1, "prose": 0.3}),
+        ("b", {"code": 0.1, "intl": 0.5, "prose": 0.4}),
+    ):
+        pack_candidate(shards, shares, vocab, eos, recipe, tmp_path / name)
+        orders.append(_documents_read(tmp_path / name, shards, eos))
+    for source in SOURCES:
+        first, second = orders[0][source], orders[1][source]
+        shorter = min(len(first), len(second))
+        assert shorter >= 3 and first[:shorter] == second[:shorter]
+    # The weights do change how much of each source is read.
+    assert len(orders[0]["code"]) > len(orders[1]["code"]) and len(orders[0]["intl"]) < len(orders[1]["intl"])
+
+
+def test_replicas_are_averaged_per_document() -> None:
+    first = pa.table({"source": ["a", "b"], "id": ["1", "2"], "nll_nats": [1.0, 4.0], "num_bytes": [5, 6]})
+    second = pa.table({"source": ["b", "a"], "id": ["2", "1"], "nll_nats": [2.0, 3.0], "num_bytes": [6, 5]})
+    assert mean_document_losses([first, second])["nll_nats"].to_pylist() == [2.0, 3.0]
+    with pytest.raises(ValueError, match="different documents"):
+        mean_document_losses([first, second.set_column(1, "id", pa.array(["3", "1"]))])
 
 
 def _swarm(count: int, noise: float, seed: int = 0) -> tuple[np.ndarray, dict[str, np.ndarray]]:
