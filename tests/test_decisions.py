@@ -150,4 +150,4 @@ def test_a_four_candidate_search_proposes_validates_and_reports(trained) -> None
     roles = Catalog(config.catalog_path, Lake(config.lake_root)).query(
         "SELECT role, count(*) FROM mixture_search GROUP BY role ORDER BY role"
     )
-    assert roles == [("candidate", 4), ("configured", 1), ("proposal", 1)]
+    assert roles == [("candidate", 4), ("configured", 2), ("proposal", 2)]  # final_seeds 2

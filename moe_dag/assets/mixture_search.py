@@ -36,8 +36,10 @@ from moe_dag.data.mixture.search import (
     AVERAGE,
     config_snippet,
     fit_regressions,
+    mean_document_losses,
     pack_candidate,
     propose,
+    replica_name,
     results_table,
     sample_candidates,
     shares_of,
@@ -51,6 +53,7 @@ GROUP = "mixture_search"
 POOL = "proxy_swarm"
 CANDIDATES = dg.DynamicPartitionsDefinition(name="mixture_candidate")
 CONFIGURED = "configured"  # the configured weights, trained like every candidate: the baseline
+PROPOSAL = "proposal"
 STARTED_BY = "moe-dag search-mixture"
 SEARCH_TABLE = "mixture_search"
 
@@ -153,18 +156,21 @@ def mixture_candidates(context: dg.AssetExecutionContext, pipeline: PipelineReso
 
 
 def _train_on(
-    context: dg.AssetExecutionContext, pipeline: PipelineResource, name: str, shares: dict[str, float]
+    context: dg.AssetExecutionContext,
+    pipeline: PipelineResource,
+    name: str,
+    shares: dict[str, float],
+    seed: int = 0,
 ) -> dict[str, Any]:
-    """Pack `shares` from the curated shards, train a swarm proxy on them, score it on the neutral set."""
+    """Pack `shares` from the curated shards, train a swarm proxy on them, score it on the neutral set.
+    `seed` (0 for the swarm) moves the initialisation and every source's document order together."""
     lake, folder = pipeline.lake, _search_dir(pipeline)
     neutral = evaluation_set_dirs(pipeline).get(NEUTRAL_SET)
     if neutral is None:
-        raise dg.Failure(
-            "the mixture search scores on the neutral set: set evaluation.neutral_per_source > 0"
-        )
+        raise dg.Failure("the mixture search scores on the neutral set: set evaluation.neutral_share > 0")
     tokenizer = load_tokenizer(lake.artifact_dir("tokenizer") / TOKENIZER_FILE)
-    launch = swarm_launch(pipeline)
-    recipe = dataclasses.replace(pipeline.config.mixture, total_tokens=_budget(pipeline, launch))
+    launch, mixture = swarm_launch(pipeline, seed), pipeline.config.mixture
+    recipe = dataclasses.replace(mixture, total_tokens=_budget(pipeline, launch), seed=mixture.seed + seed)
     data_dir = folder / "mixtures" / name
     vocab = tokenizer.get_vocab_size(with_added_tokens=True)
     packed = pack_candidate(
@@ -180,6 +186,7 @@ def _train_on(
         "achieved_shares": achieved,
         "bits_per_byte": per_source,
         AVERAGE: float(np.mean(list(per_source.values()))),
+        "seed": seed,
         "run_dir": str(run_dir),
     }
     (folder / "results").mkdir(parents=True, exist_ok=True)
@@ -297,16 +304,32 @@ def mixture_proposal(pipeline: PipelineResource) -> dg.MaterializeResult:
     metadata=operated(1, "training", "mixture_search", started_by=STARTED_BY),
 )
 def mixture_validation(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
-    """A swarm proxy trained on the proposal, scored on the neutral set against its prediction and
-    against the configured mixture's proxy (paired over the neutral documents)."""
-    folder = _search_dir(pipeline)
+    """Proxies trained on the proposal, scored on the neutral set against its prediction and against the
+    configured mixture's (paired over the neutral documents); both over mixture_search.final_seeds
+    seeds, each document's loss averaged over them."""
+    folder, search = _search_dir(pipeline), pipeline.config.mixture_search
     proposal = _read(folder / "proposal.json")
-    result = _train_on(context, pipeline, "proposal", proposal["shares"])
-    configured = _read(folder / "results" / f"{CONFIGURED}.json")
-    tables = [pq.read_table(Path(r["run_dir"]) / EVAL_DOCUMENTS_FILE) for r in (configured, result)]
-    points, own, paired = average_bits_per_byte(tables)
+    configured_shares = _read(folder / "candidates.json")["candidates"][CONFIGURED]
+    seeds = range(search.final_seeds)
+    runs = {
+        PROPOSAL: [
+            _train_on(context, pipeline, replica_name(PROPOSAL, s), proposal["shares"], s) for s in seeds
+        ],
+        CONFIGURED: [_read(folder / "results" / f"{CONFIGURED}.json")]
+        + [
+            _train_on(context, pipeline, replica_name(CONFIGURED, s), configured_shares, s) for s in seeds[1:]
+        ],
+    }
+    tables = {
+        name: [pq.read_table(Path(r["run_dir"]) / EVAL_DOCUMENTS_FILE) for r in results]
+        for name, results in runs.items()
+    }
+    points, own, paired = average_bits_per_byte(
+        [mean_document_losses(tables[n]) for n in (CONFIGURED, PROPOSAL)]
+    )
     low, high = proposal["predicted_interval"]
     validation = {
+        "final_seeds": search.final_seeds,
         "achieved": points[1],
         "achieved_ci": own[1],
         "validation_error": points[1] - proposal["predicted"],
@@ -317,6 +340,9 @@ def mixture_validation(context: dg.AssetExecutionContext, pipeline: PipelineReso
         "gain_vs_configured_ci": paired[1],
         "gain_resolved": not paired[1][0] <= 0 <= paired[1][1],
     }
+    if search.final_seeds > 1:  # one proxy's training noise: its replicas' spread, pooled over both
+        spreads = [np.var(average_bits_per_byte(t)[0], ddof=1) for t in tables.values()]
+        validation["seed_sd"] = float(np.sqrt(np.mean(spreads)))
     (folder / "validation.json").write_text(json.dumps(validation, indent=2))
     pipeline.lake.publish_artifact("mixture_search")
     return dg.MaterializeResult(
@@ -340,16 +366,20 @@ def mixture_search_report(pipeline: PipelineResource) -> dg.MaterializeResult:
     folder = _search_dir(pipeline)
     candidates = pq.read_table(folder / "candidates.parquet")
     proposal, validation = _read(folder / "proposal.json"), _read(folder / "validation.json")
-    extra = []
-    for name, predicted in ((CONFIGURED, None), ("proposal", proposal["predicted"])):
-        result = _read(folder / "results" / f"{name}.json")
-        row: dict[str, Any] = {"candidate": name}
-        row |= {f"share_{s}": v for s, v in result["achieved_shares"].items()}
-        row |= {f"bits_per_byte_{s}": v for s, v in result["bits_per_byte"].items()}
-        extra.append(row | {"bits_per_byte_average": result[AVERAGE], "loo_predicted_average": predicted})
+    extra, roles = [], []
+    seeds = range(pipeline.config.mixture_search.final_seeds)
+    for role, predicted in ((CONFIGURED, None), (PROPOSAL, proposal["predicted"])):
+        for seed in seeds:
+            result = _read(folder / "results" / f"{replica_name(role, seed)}.json")
+            row: dict[str, Any] = {"candidate": replica_name(role, seed)}
+            row |= {f"share_{s}": v for s, v in result["achieved_shares"].items()}
+            row |= {f"bits_per_byte_{s}": v for s, v in result["bits_per_byte"].items()}
+            extra.append(row | {"bits_per_byte_average": result[AVERAGE], "loo_predicted_average": predicted})
+            roles.append((role, seed))
     table = pa.concat_tables([candidates, pa.Table.from_pylist(extra, schema=candidates.schema)])
+    table = table.append_column("role", pa.array(["candidate"] * candidates.num_rows + [r for r, _ in roles]))
     table = table.append_column(
-        "role", pa.array(["candidate"] * candidates.num_rows + [CONFIGURED, "proposal"])
+        "seed", pa.array([0] * candidates.num_rows + [s for _, s in roles], pa.int64())
     )
     pipeline.lake.write_table(table, SEARCH_TABLE)
     pipeline.catalog.refresh({SEARCH_TABLE: False})
