@@ -68,6 +68,8 @@ def trained(tmp_path_factory: pytest.TempPathFactory, local_ray) -> tuple[Path, 
         texts = [" ".join(rng.choice(words, size=rng.integers(5, 40))) for _ in ids]
         documents = {"id": ids, "text": texts, "source": [source] * DOCUMENTS}
         lake.write_file(pa.table(documents), lake.shard_path("raw_documents", source, "s0"))
+        # Finished, as ingest would leave it: the stages after it read only recorded shards.
+        lake.write_record("raw_documents", source, "s0", {"digest": f"{source}-raw-s0"})
         kept = {**documents, "keep": [True] * DOCUMENTS, "reason": [None] * DOCUMENTS}
         lake.write_file(pa.table(kept), lake.shard_path("scored_documents", source, "s0"))
         lake.write_record("scored_documents", source, "s0", {"digest": f"{source}-s0"})
