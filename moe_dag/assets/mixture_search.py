@@ -201,7 +201,7 @@ def _train_on(
     deps=["mixture_candidates"],
     partitions_def=CANDIDATES,
     pool=POOL,
-    metadata=operated(1, "training", "mixture_search", started_by=STARTED_BY),
+    metadata=operated(2, "training", "mixture_search", started_by=STARTED_BY),
 )
 def candidate_proxy(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
     """One candidate's small proxy, trained on the curated token shards packed to its weights and scored
@@ -301,7 +301,7 @@ def mixture_proposal(pipeline: PipelineResource) -> dg.MaterializeResult:
     kinds={"pytorch"},
     deps=["mixture_proposal"],
     pool=POOL,
-    metadata=operated(1, "training", "mixture_search", started_by=STARTED_BY),
+    metadata=operated(2, "training", "mixture_search", started_by=STARTED_BY),
 )
 def mixture_validation(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
     """Proxies trained on the proposal, scored on the neutral set against its prediction and against the
@@ -358,7 +358,7 @@ def mixture_validation(context: dg.AssetExecutionContext, pipeline: PipelineReso
     kinds={"duckdb"},
     deps=["mixture_validation"],
     pool="duckdb_catalog",
-    metadata=operated(1, started_by=STARTED_BY),
+    metadata=operated(2, started_by=STARTED_BY),
 )
 def mixture_search_report(pipeline: PipelineResource) -> dg.MaterializeResult:
     """One row per trained mixture (candidates, the configured one, the proposal) in the lake's
