@@ -21,7 +21,7 @@ from test_end_to_end import tiny_config
 from moe_dag.assets.dedup import _built_from
 from moe_dag.assets.ingest import first_errors
 from moe_dag.config import PipelineConfig, load_config
-from moe_dag.data.dedup import CLUSTER_VERSION
+from moe_dag.data.dedup import CLUSTER_VERSION, combine_versions
 from moe_dag.data.dedup.clusters import EMPTY_VERSION
 from moe_dag.data.demo_corpus import build_demo_corpus
 from moe_dag.data.filters import build_prefilters
@@ -122,17 +122,14 @@ def test_what_a_refit_changed_is_counted_shard_by_shard(tmp_path):
 
 
 def test_the_cluster_version_a_partition_was_built_from_is_read_per_file(tmp_path):
+    """Each shard's rows carry their own cluster file's version; the partition's combines them."""
     lake = Lake(tmp_path)
     assert _built_from(lake, "web") == EMPTY_VERSION
-    for shard in range(2):
-        table = pa.table({"id": [f"{shard}"], CLUSTER_VERSION: ["v1"]})
+    shard_versions = ["2-" + "0" * 31 + "3", "1-" + "0" * 31 + "5"]
+    for shard, version in enumerate(shard_versions):
+        table = pa.table({"id": [f"{shard}"], CLUSTER_VERSION: [version]})
         lake.write_file(table, lake.shard_path("deduplicated", "web", f"shard-{shard}"))
-    assert _built_from(lake, "web") == "v1"
-    lake.write_file(
-        pa.table({"id": ["2"], CLUSTER_VERSION: ["v2"]}), lake.shard_path("deduplicated", "web", "shard-2")
-    )
-    with pytest.raises(ValueError, match="mixes cluster versions"):
-        _built_from(lake, "web")
+    assert _built_from(lake, "web") == "3-" + "0" * 31 + "6" == combine_versions(shard_versions)
 
 
 @pytest.fixture(scope="module")

@@ -65,6 +65,10 @@ def test_a_shard_added_to_one_source_equals_a_full_recomputation(tmp_path):
     materialize(defs, instance, CURATE, "a")
     materialize(defs, instance, ["dedup_clusters"])
     materialize(defs, instance, ["deduplicated"], "a")
+    # Only the new shard's cluster rows changed, so only it was deduplicated again: the old shard's
+    # file, and what reads it downstream, stays as it was.
+    event = instance.get_latest_materialization_event(dg.AssetKey("deduplicated"))
+    assert event.asset_materialization.metadata["shards_run"].value == 1
     assert run_automation(defs, instance) == [("rededuplicate_source", "b")]
     incremental = lake_tables(config_path)
 

@@ -15,7 +15,9 @@ Ray tasks (`moe_dag/data/dedup/partitioned.py`); it writes one cluster file per 
 each `deduplicated` task reads only the cluster rows of the shard it processes.
 """
 
+import dataclasses
 import functools
+import posixpath
 import time
 
 import dagster as dg
@@ -38,12 +40,15 @@ from moe_dag.data.dedup import (
     built_from_version,
     cluster_partitioned,
     cluster_versions,
+    shard_cluster_version,
     signature_rows,
 )
 from moe_dag.data.dedup.clusters import EMPTY_VERSION, cluster_row_counts
+from moe_dag.data.dedup.partitioned import CLUSTERS_STAGE
 from moe_dag.data.dedup.report import DuplicateReport
 from moe_dag.data.engine import StageSpec
 from moe_dag.data.engine.cluster import cluster_cpus
+from moe_dag.data.engine.shards import upstream_inputs
 from moe_dag.data.engine.stages import DedupWork, SignatureWork
 from moe_dag.data.lake import Lake
 from moe_dag.data.tasks import map_tasks
@@ -136,12 +141,6 @@ def _cluster_files(lake: Lake, source: str | None = None) -> str:
     )
 
 
-def _current_version(lake: Lake, source: str) -> str:
-    if not lake.has_table("dedup_clusters"):
-        return EMPTY_VERSION
-    return cluster_versions(_cluster_files(lake, source)).get(source, EMPTY_VERSION)
-
-
 @dg.asset(
     partitions_def=PER_SOURCE,
     group_name="curation",
@@ -156,17 +155,31 @@ def deduplicated(
     context: dg.AssetExecutionContext, pipeline: PipelineResource, ray: RayResource
 ) -> dg.MaterializeResult:
     """The source's prefiltered documents with every non-survivor of a duplicate cluster dropped."""
-    source = context.partition_key
-    spec = StageSpec(
-        outputs=("deduplicated",),
-        make_work=functools.partial(DedupWork, _current_version(pipeline.lake, source)),
-        # Shards are redone when the source's decisions change, whichever source was backfilled.
-        params=_current_version(pipeline.lake, source),
-    )
-    run = run_source_stage(context, pipeline, ray, spec, "prefiltered")
-    version = _built_from(pipeline.lake, source)
+    source, lake = context.partition_key, pipeline.lake
+    # A shard is redone when its own cluster rows change (whichever source was backfilled), so a new
+    # shard leaves the other shards' files, and what reads them downstream, alone.
+    versions = _shard_versions(lake, source)
+    inputs = []
+    for shard in upstream_inputs(lake, "prefiltered", source):
+        clusters = versions.get(shard.key, EMPTY_VERSION)
+        inputs.append(dataclasses.replace(shard, fingerprint=f"{shard.fingerprint} {clusters}"))
+    spec = StageSpec(outputs=("deduplicated",), make_work=DedupWork, params="shard cluster versions")
+    run = ray.run_stage(context, spec, lake, source, inputs)
+    version = _built_from(lake, source)
     context.log.info(f"deduplicated[{source}] built from cluster version {version}")
     return decision_result(context, pipeline, run, "prefiltered", {CLUSTER_VERSION: version}, DUPLICATE_SHARE)
+
+
+def _shard_versions(lake: Lake, source: str) -> dict[str, str]:
+    """Shard key -> the version of its cluster file, each read by a task."""
+    files = lake.files_matching(lake.dataset_dir(CLUSTERS_STAGE), f"{source}.*.parquet")
+    versions = map_tasks(functools.partial(_cluster_file_version, lake.url), files)
+    keys = [posixpath.basename(path).removeprefix(f"{source}.").removesuffix(".parquet") for path in files]
+    return dict(zip(keys, versions, strict=True))
+
+
+def _cluster_file_version(lake_url: str, path: str) -> str:
+    return shard_cluster_version(path, Lake(lake_url).fs)
 
 
 def _built_from(lake: Lake, source: str) -> str:

@@ -330,7 +330,9 @@ def refit_changes(lake: Lake, stage: str, source: str, filters: Sequence[Documen
 
 
 def _fit(filters: dict[str, DocumentFilter], settings: str, documents: int) -> SourceFit:
-    version = hashlib.blake2b(pickle.dumps(filters, protocol=5), digest_size=8).hexdigest()
+    # Protocol 4: under 5 a numpy array pickles differently when read-only (as arrays a Ray task
+    # returns are), so the same fit made in tasks got another version than one made here.
+    version = hashlib.blake2b(pickle.dumps(filters, protocol=4), digest_size=8).hexdigest()
     return SourceFit(version, settings, documents, filters)
 
 

@@ -9,7 +9,9 @@ from moe_dag.data.dedup.clusters import (
     band_pairs,
     built_from_version,
     cluster_versions,
+    combine_versions,
     find_duplicate_clusters,
+    shard_cluster_version,
     signature_rows,
 )
 from moe_dag.data.dedup.minhash import (
@@ -34,9 +36,11 @@ __all__ = [
     "candidate_probability",
     "cluster_partitioned",
     "cluster_versions",
+    "combine_versions",
     "compute_signatures",
     "find_duplicate_clusters",
     "normalize_text",
+    "shard_cluster_version",
     "shingle_hashes",
     "signature_rows",
 ]

@@ -27,14 +27,17 @@ This is the single-process reference: the pipeline clusters in partitions on Ray
 applies clusters reads one shard's cluster file in step with the shard's documents (`ShardClusters`).
 
 `cluster_versions` fingerprints each source's decisions: a `deduplicated` partition records the version
-it was built from, and a partition whose version differs from the current one is stale.
+it was built from, and a partition whose version differs from the current one is stale. Versions of
+disjoint rows combine (`combine_versions`), so each shard's rows carry the version of their own cluster
+file, a shard is redone only when that file changes, and the partition's version is its shards'
+combined: a new shard leaves the decisions, and the files, of the others alone.
 """
 
 from __future__ import annotations
 
 import tempfile
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -44,6 +47,7 @@ import fsspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from moe_dag.data.dedup.minhash import MinHashConfig
 from moe_dag.data.lake import duckdb_reading, read_batches
@@ -146,6 +150,23 @@ def version_parts(clusters: pa.Table | str | Sequence[str]) -> dict[str, tuple[i
 
 def format_versions(parts: dict[str, tuple[int, int]]) -> dict[str, str]:
     return {source: f"{count}-{digest:032x}" for source, (count, digest) in sorted(parts.items())}
+
+
+def combine_versions(versions: Iterable[str]) -> str:
+    """The version of disjoint sets of rows together (e.g. a source's shards): counts add, digests XOR."""
+    count, digest = 0, 0
+    for version in versions:
+        rows, _, hexdigest = version.partition("-")
+        count, digest = count + int(rows), digest ^ int(hexdigest, 16)
+    return format_versions({"": (count, digest)})[""]
+
+
+def shard_cluster_version(path: str, fs: fsspec.AbstractFileSystem) -> str:
+    """The version of one cluster file (one shard of one source): what its documents' decisions are
+    built from. A source's version combines its shards' (`combine_versions`)."""
+    with fs.open(path, "rb") as handle:
+        table = pq.read_table(handle, columns=["source", "id", "cluster_id", "match"])
+    return next(iter(cluster_versions(table).values()), EMPTY_VERSION)
 
 
 def clusters_view(con: duckdb.DuckDBPyConnection, clusters: pa.Table | str | Sequence[str]) -> None:
@@ -258,11 +279,10 @@ def _decide(table: pa.Table, matched: pa.Table, version: list[str]) -> pa.Table:
 
 
 def built_from_version(table: pa.Table) -> str:
-    """The cluster version a `deduplicated` partition was built from."""
+    """The cluster version `deduplicated` rows were built from: their shards' versions combined (rows
+    that `apply_dedup` decided all carry their source's version)."""
     versions = pc.unique(table[CLUSTER_VERSION]).to_pylist() if CLUSTER_VERSION in table.column_names else []
-    if len(versions) > 1:
-        raise ValueError(f"a deduplicated partition mixes cluster versions {versions}")
-    return versions[0] if versions else EMPTY_VERSION
+    return combine_versions(versions)
 
 
 @contextmanager

@@ -24,7 +24,14 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from moe_dag.data.dedup import SIGNATURE_SCHEMA, MinHashConfig, ShardClusters, compute_signatures
+from moe_dag.data.dedup import (
+    SIGNATURE_SCHEMA,
+    MinHashConfig,
+    ShardClusters,
+    compute_signatures,
+    shard_cluster_version,
+)
+from moe_dag.data.dedup.clusters import EMPTY_VERSION
 from moe_dag.data.dedup.partitioned import CLUSTERS_STAGE, cluster_file_name
 from moe_dag.data.engine.blocks import read_rows
 from moe_dag.data.engine.shards import ShardInput
@@ -120,15 +127,14 @@ class SignatureWork(ShardWork):
 
 class DedupWork(ShardWork):
     """deduplicated: each kept document's cluster, and the cut of every non-survivor. Reads only the
-    cluster rows of the shard it processes (`ShardClusters`), in step with the shard's documents;
-    `version` is the source's cluster version, which every row records."""
-
-    def __init__(self, version: str) -> None:
-        self.version = version
+    cluster rows of the shard it processes (`ShardClusters`), in step with the shard's documents; every
+    row records the version of that cluster file (`shard_cluster_version`)."""
 
     def process(self, shard: ShardInput, out: ShardOutput) -> dict[str, Any]:
         path = posixpath.join(out.lake.dataset_dir(CLUSTERS_STAGE), cluster_file_name(out.source, shard.key))
-        clusters = ShardClusters(path, out.lake.fs, self.version)
+        exists = out.lake.fs.exists(path)
+        version = shard_cluster_version(path, out.lake.fs) if exists else EMPTY_VERSION
+        clusters = ShardClusters(path, out.lake.fs, version)
         writer = out.table("deduplicated")
         counts = []
         for batch in kept_batches(shard, out):
