@@ -26,17 +26,16 @@ runtime: $(BIN)/.installed $(DAGSTER_HOME)/dagster.yaml
 UV_ON_PATH := $(shell command -v uv 2>/dev/null)
 UV ?= $(or $(UV_ON_PATH),$(BIN)/uv)
 UV_SOURCES = --index-strategy unsafe-best-match $$($(PYTHON) -c "$$PIP_SOURCES_FOR_UV" $(1))
-INSTALL = $(if $(UV),$(UV) pip install --quiet --python $(BIN)/python $(call UV_SOURCES,--constraints), \
-	$(BIN)/pip install --quiet --no-compile)
+INSTALL = $(if $(UV),$(UV) pip install --quiet --python $(BIN)/python $(if $(PYTHONDONTWRITEBYTECODE),--compile-bytecode) \
+	$(call UV_SOURCES,--constraints),$(BIN)/pip install --quiet)
 # The environment, with pip in it either way (the fallback, and `.venv/bin/pip install` in the docs).
 NEW_VENV = $(if $(filter-out $(BIN)/uv,$(UV)),$(UV) venv --quiet --seed \
 	--python "$$($(PYTHON) -c 'import sys; print(sys.executable)')" $(call UV_SOURCES) $(VENV),$(PYTHON) -m venv $(VENV))
 
-# Nothing is compiled to bytecode at install: compiling every file of every package was most of the
-# set-up's time (48 of 54 CPU seconds with uv), and the graph imports a small part of them. Python writes
-# a module's .pyc when it first imports it, so PYTHONDONTWRITEBYTECODE (set on some machines) is lifted
-# for what make runs here.
-unexport PYTHONDONTWRITEBYTECODE
+# Where PYTHONDONTWRITEBYTECODE is set, Python never writes .pyc files itself, so uv compiles them at
+# install, as pip always does (most of the install's time); elsewhere the first import writes them.
+# Lifting the variable for make's recipes instead left a truncated .pyc in a test run (a process
+# interrupted by a signal while Python wrote it), which breaks that module's import from then on.
 
 define PIP_SOURCES_FOR_UV
 import shlex, subprocess, sys
