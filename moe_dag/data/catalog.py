@@ -175,6 +175,11 @@ class Catalog:
         # fsspec's file objects are not safe for that: interleaved seeks and reads come back short ("Out
         # of buffer" on a join of two stages). One thread reads the lake correctly.
         con.execute("SET threads = 1")
+        # DuckDB's parquet prefetching reads column chunks of a Python filesystem's files at offsets past
+        # the file's end ("Failed to read 282916 bytes ... only 25805 bytes returned", "Payload value
+        # bigger than allowed"): the demo summary's injected-noise line failed so on every try on a
+        # fresh demo lake, with threads at 1. Without prefetching it reads every time.
+        con.execute("SET disable_parquet_prefetching = true")
         con.execute("SET temp_directory = ''")
         con.execute("SET allowed_directories = ?", [[f"{LAKE_PROTOCOL}://"]])
         con.execute("SET enable_external_access = false")
