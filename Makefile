@@ -34,8 +34,8 @@ NEW_VENV = $(if $(filter-out $(BIN)/uv,$(UV)),$(UV) venv --quiet --seed \
 
 # Where PYTHONDONTWRITEBYTECODE is set, Python never writes .pyc files itself, so uv compiles them at
 # install, as pip always does (most of the install's time); elsewhere the first import writes them.
-# Lifting the variable for make's recipes instead left a truncated .pyc in a test run (a process
-# interrupted by a signal while Python wrote it), which breaks that module's import from then on.
+# Lifting the variable for make's recipes instead left a truncated .pyc in a whole test run (cause not
+# found), which breaks that module's import from then on.
 
 define PIP_SOURCES_FOR_UV
 import shlex, subprocess, sys
