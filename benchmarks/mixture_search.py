@@ -52,7 +52,6 @@ from moe_dag.data.mixture.search import (
     MixtureSearchConfig,
     config_snippet,
     fit_regressions,
-    mean_document_losses,
     pack_candidate,
     propose,
     replica_name,
@@ -61,7 +60,7 @@ from moe_dag.data.mixture.search import (
 )
 from moe_dag.data.readers import list_shards, read_shards
 from moe_dag.data.tokenizer import eos_id, train_tokenizer
-from moe_dag.training.compare import average_bits_per_byte
+from moe_dag.training.compare import average_bits_per_byte, mean_document_losses
 from moe_dag.training.config import apply_overrides
 from moe_dag.training.config import preset as read_preset
 from moe_dag.training.evaluate import EVAL_DOCUMENTS_FILE, EVAL_FILE

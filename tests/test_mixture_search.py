@@ -14,13 +14,12 @@ from moe_dag.data.mixture.search import (
     config_snippet,
     epoch_cap_ok,
     fit_regressions,
-    mean_document_losses,
     pack_candidate,
     propose,
     sample_candidates,
 )
 from moe_dag.data.tokenizer import TokenizerConfig, eos_id, train_tokenizer
-from moe_dag.training.compare import average_bits_per_byte, verdict
+from moe_dag.training.compare import average_bits_per_byte, mean_document_losses, verdict
 
 WEIGHTS = {"code": 0.3, "intl": 0.2, "prose": 0.5}
 SOURCES = sorted(WEIGHTS)

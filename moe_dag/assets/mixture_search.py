@@ -36,7 +36,6 @@ from moe_dag.data.mixture.search import (
     AVERAGE,
     config_snippet,
     fit_regressions,
-    mean_document_losses,
     pack_candidate,
     propose,
     replica_name,
@@ -46,7 +45,7 @@ from moe_dag.data.mixture.search import (
 )
 from moe_dag.data.tokenizer import eos_id, load_tokenizer
 from moe_dag.orchestration.resources import PipelineResource
-from moe_dag.training.compare import average_bits_per_byte
+from moe_dag.training.compare import average_bits_per_byte, mean_document_losses
 from moe_dag.training.evaluate import EVAL_DOCUMENTS_FILE, EVAL_FILE
 
 GROUP = "mixture_search"

@@ -62,18 +62,33 @@ def compare_runs(proxy: pa.Table, baseline: pa.Table, *, seed: int = 0) -> dict[
     }
 
 
+def mean_document_losses(runs: list[pa.Table]) -> pa.Table:
+    """The per-document losses (eval_documents.parquet) of replicas of one mixture, averaged over the
+    replicas: one table scored on the same documents, whose paired comparison with another mixture's
+    sees less of any one seed's luck."""
+    runs = _aligned(runs, "replicas")
+    nll_N = np.mean([run["nll_nats"].to_numpy() for run in runs], axis=0)
+    return runs[0].set_column(runs[0].schema.get_field_index("nll_nats"), "nll_nats", pa.array(nll_N))
+
+
+def _aligned(runs: list[pa.Table], what: str) -> list[pa.Table]:
+    """Per-document tables in one (source, id) order; refused unless they hold the same documents."""
+    order = [("source", "ascending"), ("id", "ascending")]
+    runs = [run.sort_by(order) for run in runs]
+    for run in runs[1:]:
+        for column in ("source", "id", "num_bytes"):
+            if run[column] != runs[0][column]:
+                raise ValueError(f"the {what} were scored on different documents ({column} differs)")
+    return runs
+
+
 def average_bits_per_byte(
     runs: list[pa.Table], *, seed: int = 0
 ) -> tuple[list[float], list[tuple[float, float]], list[tuple[float, float]]]:
     """Each run's bits per byte averaged over sources (every source weighs the same, however many
     bytes it has: the target of a mixture search), its 95% interval, and the paired 95% interval of
     each run's average minus the first run's; all runs scored on the same documents."""
-    order = [("source", "ascending"), ("id", "ascending")]
-    runs = [run.sort_by(order) for run in runs]
-    for run in runs[1:]:
-        for column in ("source", "id", "num_bytes"):
-            if run[column] != runs[0][column]:
-                raise ValueError(f"the runs were scored on different documents ({column} differs)")
+    runs = _aligned(runs, "runs")
     sources_N = np.asarray(runs[0]["source"].to_pylist())
     names = sorted(set(sources_N.tolist()))
     masks_NS = np.stack([sources_N == name for name in names], axis=1).astype(np.float64)

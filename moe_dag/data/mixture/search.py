@@ -250,20 +250,6 @@ def replica_name(name: str, seed: int) -> str:
     return name if seed == 0 else f"{name}_seed{seed}"
 
 
-def mean_document_losses(runs: list[pa.Table]) -> pa.Table:
-    """The per-document losses (eval_documents.parquet) of replicas of one mixture, averaged over the
-    replicas: one table scored on the same documents, whose paired comparison with another mixture's
-    sees less of any one seed's luck."""
-    order = [("source", "ascending"), ("id", "ascending")]
-    runs = [run.sort_by(order) for run in runs]
-    for run in runs[1:]:
-        for column in ("source", "id", "num_bytes"):
-            if run[column] != runs[0][column]:
-                raise ValueError(f"the replicas were scored on different documents ({column} differs)")
-    nll_N = np.mean([run["nll_nats"].to_numpy() for run in runs], axis=0)
-    return runs[0].set_column(runs[0].schema.get_field_index("nll_nats"), "nll_nats", pa.array(nll_N))
-
-
 def results_table(
     names: list[str], sources: list[str], shares_CS: np.ndarray, losses: dict[str, np.ndarray], fit: SearchFit
 ) -> pa.Table:
