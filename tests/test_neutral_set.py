@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
@@ -13,14 +14,20 @@ import pyarrow.parquet as pq
 import pytest
 
 from moe_dag.data.dedup.clusters import cluster_mates
+from moe_dag.data.lake import Lake
 from moe_dag.data.mixture.heldout import heldout_cut
 from moe_dag.data.mixture.neutral import (
+    NEUTRAL_STAGE,
     EvaluationConfig,
+    Exclusions,
+    ids_digest,
     is_neutral,
     read_user_set,
     select_neutral,
+    select_neutral_in_tasks,
     without_excluded,
     write_evaluation_set,
+    write_exclusions,
 )
 from moe_dag.data.mixture.sampler import stable_hash
 from moe_dag.data.tokenizer import TokenizerConfig, eos_id, train_tokenizer
@@ -85,6 +92,41 @@ def test_copies_of_neutral_documents_are_excluded_with_their_reason() -> None:
     kept = without_excluded(raw["b"], frozenset(reasons))
     assert not set(kept["id"].to_pylist()) & set(reasons)
     assert kept.num_rows + sum(1 for i in reasons if i.startswith("b/")) == 200
+
+
+@pytest.mark.parametrize("with_clusters", [True, False])
+def test_the_selection_made_in_tasks_is_the_selection_made_here(tmp_path: Path, with_clusters: bool) -> None:
+    """Raw text read per file in tasks (here: the same functions in this process), the documents written
+    per file, only ids and hashes back: the same documents, exclusions and digest as `select_neutral`."""
+    lake = Lake(tmp_path / "lake")
+    raw = {"a": _raw("a", 300), "b": _raw("b", 200)}
+    texts = raw["b"]["text"].to_pylist()
+    texts[150:153] = [raw["a"]["text"][i].as_py() for i in (7, 9, 8)]  # copies of a/7, a/9 (neutral), a/8
+    raw["b"] = pa.table({"id": raw["b"]["id"], "text": texts})
+    for source, table in raw.items():
+        for key, part in (("s0", table.slice(0, 120)), ("s1", table.slice(120, 0)), ("s2", table.slice(120))):
+            lake.write_file(part, lake.shard_path("raw_documents", source, key))
+    lake.write_file(pa.table({"id": ["x"], "text": ["x"]}), lake.dataset_dir(NEUTRAL_STAGE) + "/old.parquet")
+    neutral_ids = select_neutral(["b", "a"], lambda s: iter([raw[s]]), 0.1)[0]["id"].to_pylist()
+    clusters = pa.table({"id": [neutral_ids[0], "a/11", "b/9"], "cluster_id": ["k", "k", "b/9"]})
+    lake.write_table(clusters, "dedup_clusters")
+    glob = lake.glob_pattern("dedup_clusters", partitioned=False) if with_clusters else None
+    mates = functools.partial(cluster_mates, clusters) if with_clusters else None
+
+    documents, exclusions = select_neutral(
+        ["b", "a"], lambda s: lake.iter_batches("raw_documents", s), 0.1, mates
+    )
+    selected = select_neutral_in_tasks(lake, ["b", "a"], 0.1, glob)
+    written = lake.read_table(NEUTRAL_STAGE)
+    assert sorted(written.to_pylist(), key=str) == sorted(documents.to_pylist(), key=str)
+    assert selected.exclusions.equals(exclusions)
+    assert ("near_copy" in exclusions["reason"].to_pylist()) == with_clusters
+    assert "exact_copy" in exclusions["reason"].to_pylist()
+    assert selected.per_source == dict(Counter(documents["source"].to_pylist()))
+    assert selected.digest == ids_digest(documents["id"], exclusions["id"])
+    write_exclusions(lake, selected.exclusions, selected.digest)
+    handle = Exclusions(lake.url)
+    assert handle.digest() == selected.digest and handle.ids() == frozenset(exclusions["id"].to_pylist())
 
 
 def test_cluster_mates_come_from_the_cluster_files_without_the_rest(tmp_path: Path) -> None:

@@ -12,7 +12,6 @@ sources moved enough (`refresh.remix_after_change`): the mixture, the evaluation
 scored on them then change together, and a small shard costs no re-evaluation.
 """
 
-import hashlib
 from pathlib import Path
 
 import dagster as dg
@@ -21,18 +20,17 @@ import pyarrow.compute as pc
 
 from moe_dag.assets.mixture import REMIX, TOKENIZER_FILE
 from moe_dag.assets.operating import operated
-from moe_dag.data.dedup.clusters import cluster_mates
 from moe_dag.data.mixture.neutral import (
-    EXCLUSIONS_STAGE,
     NEUTRAL_SET,
+    NEUTRAL_STAGE,
     read_user_set,
-    select_neutral,
+    select_neutral_in_tasks,
     write_evaluation_set,
+    write_exclusions,
 )
 from moe_dag.data.tokenizer import eos_id, load_tokenizer
 from moe_dag.orchestration.resources import PipelineResource
 
-NEUTRAL_STAGE = "neutral_documents"
 SET_DOCUMENTS_STAGE = "evaluation_documents"
 
 
@@ -56,28 +54,24 @@ def neutral_documents(pipeline: PipelineResource) -> dg.MaterializeResult:
     decides, and every document training must leave out because of it (the sample, exact copies, dedup
     cluster mates)."""
     lake, config = pipeline.lake, pipeline.config
-    clusters = lake.glob_pattern("dedup_clusters", partitioned=False)
-    documents, exclusions = select_neutral(
-        config.source_names,
-        lambda source: lake.iter_batches("raw_documents", source, columns=["id", "text"]),
-        config.evaluation.neutral_share,
-        lambda ids: cluster_mates(clusters, ids),
+    clusters = (
+        lake.glob_pattern("dedup_clusters", partitioned=False) if lake.has_table("dedup_clusters") else None
     )
-    lake.write_table(documents, NEUTRAL_STAGE)
-    lake.write_table(exclusions, EXCLUSIONS_STAGE)
-    reasons = pc.value_counts(exclusions["reason"]).to_pylist()
+    # The raw text is read in tasks, which write the documents; ids and hashes come back here.
+    selected = select_neutral_in_tasks(
+        lake, config.source_names, config.evaluation.neutral_share, clusters, NEUTRAL_STAGE
+    )
+    write_exclusions(lake, selected.exclusions, selected.digest)
+    reasons = pc.value_counts(selected.exclusions["reason"]).to_pylist()
     # The set's content, not the clusters' rebuild, decides whether the evaluation sets and what trains
     # are stale: a new shard that changes neither the sample nor what it excludes leaves them as they are.
-    content = hashlib.blake2b(digest_size=12)
-    for ids in (documents["id"], exclusions["id"]):
-        content.update("\0".join(sorted(ids.to_pylist())).encode() + b"\1")
     return dg.MaterializeResult(
         metadata={
-            "documents": documents.num_rows,
-            "per_source": dg.MetadataValue.json(_counts(documents["source"])),
+            "documents": sum(selected.per_source.values()),
+            "per_source": dg.MetadataValue.json(selected.per_source),
             "excluded_from_training": dg.MetadataValue.json({r["values"]: r["counts"] for r in reasons}),
         },
-        data_version=dg.DataVersion(content.hexdigest()),
+        data_version=dg.DataVersion(selected.digest),
     )
 
 
