@@ -9,7 +9,8 @@ from __future__ import annotations
 import pyarrow as pa
 
 from moe_dag.assets.bounds import ChecksConfig, lost_languages
-from moe_dag.assets.reporting import LANGUAGES_KEPT, language_counts
+from moe_dag.assets.reporting import LANGUAGES_KEPT
+from moe_dag.data.counts import language_counts
 from moe_dag.data.lake import Lake
 from moe_dag.orchestration.definitions import build_definitions
 

@@ -12,12 +12,7 @@ languages of it vanish.
 
 from __future__ import annotations
 
-import functools
-
 import dagster as dg
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from moe_dag.assets.bounds import (
     ChecksConfig,
@@ -27,20 +22,13 @@ from moe_dag.assets.bounds import (
     lost_languages,
     reason_settings,
 )
-from moe_dag.data.counts import slice_counts
-from moe_dag.data.dedup import DUPLICATE_REASONS
+from moe_dag.data.counts import language_counts, slice_counts
 from moe_dag.data.engine import StageRun, StageSpec, upstream_inputs
-from moe_dag.data.filters.language import NOT_ACCEPTED
-from moe_dag.data.lake import Lake
-from moe_dag.data.tasks import map_tasks
 from moe_dag.orchestration.resources import PipelineResource, RayResource
 
 RECONCILES = "rows_reconcile"
 NOT_EMPTIED = "source_not_emptied"
 LANGUAGES_KEPT = "languages_kept"
-# Rows not counted for their language: text language ID could not place, and languages the source does
-# not accept (dropping those is the rule doing its job).
-UNPLACED_LANGUAGES = ("und",)
 DROP_SHARE = "drop_share_per_reason"
 DUPLICATE_SHARE = "duplicate_share_in_bounds"
 BOUND_DESCRIPTIONS = {
@@ -172,36 +160,6 @@ def decision_result(
     if bounds is not None:
         checks.append(_bound_result(bounds, run, reasons, pipeline.config.checks, settings))
     return dg.MaterializeResult(metadata=metadata, check_results=checks)
-
-
-def language_counts(lake: Lake, stage: str, source: str) -> dict[str, tuple[int, int]]:
-    """(documents in, documents kept) per language of a stage's slice, from its parquet files; {} when its
-    rows carry no `language` (language ID did not run). Unplaced text and rows dropped because the source
-    does not accept their language are not counted, nor duplicates: their text lives on in the survivor
-    of their cluster, in this source or another. Counted per file in Ray tasks: only counts come back."""
-    per_file = map_tasks(functools.partial(file_language_counts, lake.url), lake.parquet_files(stage, source))
-    if not per_file or any(counts is None for counts in per_file):
-        return {}
-    totals: dict[str, tuple[int, int]] = {}
-    for counts in per_file:
-        for language, (documents, kept) in counts.items():
-            before = totals.get(language, (0, 0))
-            totals[language] = (before[0] + documents, before[1] + kept)
-    return totals
-
-
-def file_language_counts(lake_url: str, path: str) -> dict[str, tuple[int, int]] | None:
-    """`language_counts` of one parquet file (None when its rows carry no `language`)."""
-    with Lake(lake_url).fs.open(path, "rb") as handle:
-        parquet = pq.ParquetFile(handle)
-        if "language" not in parquet.schema_arrow.names:
-            return None
-        rows = parquet.read(columns=["language", "keep", "reason"])
-    not_counted = pc.fill_null(pc.is_in(rows["reason"], pa.array([NOT_ACCEPTED, *DUPLICATE_REASONS])), False)
-    unplaced = pc.or_(pc.is_null(rows["language"]), pc.is_in(rows["language"], pa.array(UNPLACED_LANGUAGES)))
-    rows = rows.filter(pc.invert(pc.or_(not_counted, unplaced)))
-    grouped = rows.group_by("language").aggregate([("keep", "count"), ("keep", "sum")])
-    return {row["language"]: (row["keep_count"], row["keep_sum"]) for row in grouped.to_pylist()}
 
 
 def _bound_result(

@@ -12,6 +12,8 @@ catch a stage that lost rows before counting them. These counts come from elsewh
 - `lines_in_lake`: those distinct pairs, by one DuckDB query over the slice's parquet files.
 - `slice_counts`: rows and kept rows of a stage's slice, read from its parquet files (the `keep`
   column only), which is what the next stage must have received.
+- `language_counts`: documents in and kept per language of a stage's slice, for the check that no
+  stage empties a language of a source.
 
 Each count runs where the data is: one Ray task per group of files (`map_tasks`), returning numbers.
 """
@@ -23,10 +25,13 @@ from collections.abc import Iterable
 
 import duckdb
 import fsspec
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from moe_dag.data.dedup import DUPLICATE_REASONS
 from moe_dag.data.engine import ShardInput, raw_shard_inputs
+from moe_dag.data.filters.language import NOT_ACCEPTED
 from moe_dag.data.lake import Lake
 from moe_dag.data.readers import LINE_END, StreamCut, decompressed_chunks, list_shards
 from moe_dag.data.tasks import map_tasks
@@ -111,3 +116,39 @@ def file_counts(lake_url: str, path: str) -> tuple[int, int]:
         if "keep" not in parquet.schema_arrow.names or not count:
             return count, count
         return count, int(pc.sum(parquet.read(columns=["keep"])["keep"]).as_py() or 0)
+
+
+# Rows not counted for their language: text language ID could not place, and languages the source does
+# not accept (dropping those is the rule doing its job).
+UNPLACED_LANGUAGES = ("und",)
+
+
+def language_counts(lake: Lake, stage: str, source: str) -> dict[str, tuple[int, int]]:
+    """(documents in, documents kept) per language of a stage's slice, from its parquet files; {} when its
+    rows carry no `language` (language ID did not run). Unplaced text and rows dropped because the source
+    does not accept their language are not counted, nor duplicates: their text lives on in the survivor
+    of their cluster, in this source or another. Counted per file in Ray tasks (`map_tasks`): only counts
+    come back."""
+    per_file = map_tasks(functools.partial(file_language_counts, lake.url), lake.parquet_files(stage, source))
+    if not per_file or any(counts is None for counts in per_file):
+        return {}
+    totals: dict[str, tuple[int, int]] = {}
+    for counts in per_file:
+        for language, (documents, kept) in counts.items():
+            before = totals.get(language, (0, 0))
+            totals[language] = (before[0] + documents, before[1] + kept)
+    return totals
+
+
+def file_language_counts(lake_url: str, path: str) -> dict[str, tuple[int, int]] | None:
+    """`language_counts` of one parquet file (None when its rows carry no `language`)."""
+    with Lake(lake_url).fs.open(path, "rb") as handle:
+        parquet = pq.ParquetFile(handle)
+        if "language" not in parquet.schema_arrow.names:
+            return None
+        rows = parquet.read(columns=["language", "keep", "reason"])
+    not_counted = pc.fill_null(pc.is_in(rows["reason"], pa.array([NOT_ACCEPTED, *DUPLICATE_REASONS])), False)
+    unplaced = pc.or_(pc.is_null(rows["language"]), pc.is_in(rows["language"], pa.array(UNPLACED_LANGUAGES)))
+    rows = rows.filter(pc.invert(pc.or_(not_counted, unplaced)))
+    grouped = rows.group_by("language").aggregate([("keep", "count"), ("keep", "sum")])
+    return {row["language"]: (row["keep_count"], row["keep_sum"]) for row in grouped.to_pylist()}
