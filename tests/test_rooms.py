@@ -62,6 +62,49 @@ def test_dagster_private_modules_are_imported_in_one_adapter_only():
     assert importers == ["orchestration/dagster_internals.py"]
 
 
+def _called_name(call: ast.Call) -> str | None:
+    return call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", None)
+
+
+def _sent_to_workers(call: ast.Call) -> list[ast.expr]:
+    """What a call hands to Ray workers to run: `map_tasks`'s function, a `StageSpec`'s `make_work`."""
+    name = _called_name(call)
+    if name == "map_tasks" and call.args:
+        return [call.args[0]]
+    if name == "StageSpec":
+        return [keyword.value for keyword in call.keywords if keyword.arg == "make_work"]
+    return []
+
+
+def _unwrapped(node: ast.expr) -> ast.expr:
+    """The function inside `functools.partial(fn, ...)`, however deep."""
+    while isinstance(node, ast.Call) and _called_name(node) == "partial":
+        node = node.args[0]
+    return node
+
+
+def test_work_sent_to_ray_workers_is_defined_in_the_libraries():
+    """A worker imports the module of the function it runs: one defined in an asset module imports Dagster
+    and every asset with it (seconds a worker, paid again by each new worker process)."""
+    offenders = []
+    for room in ("assets", "orchestration", "cli"):
+        for path in sorted((PACKAGE / room).glob("*.py")):
+            tree = ast.parse(path.read_text())
+            defined = {
+                node.name
+                for node in tree.body
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+            }
+            offenders += [
+                f"{path.relative_to(PACKAGE)}:{call.lineno}: {fn.id}"
+                for call in ast.walk(tree)
+                if isinstance(call, ast.Call)
+                for fn in map(_unwrapped, _sent_to_workers(call))
+                if isinstance(fn, ast.Name) and fn.id in defined
+            ]
+    assert offenders == []
+
+
 def test_the_adapter_was_checked_against_the_installed_dagster_series():
     """A Dagster upgrade re-checks each private name the adapter imports (then bump the series there)."""
     from moe_dag.orchestration.dagster_internals import CHECKED_DAGSTER_SERIES

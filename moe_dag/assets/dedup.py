@@ -22,8 +22,6 @@ import time
 
 import dagster as dg
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from moe_dag.assets.operating import operated
 from moe_dag.assets.partitions import PER_SOURCE
@@ -40,10 +38,14 @@ from moe_dag.data.dedup import (
     built_from_version,
     cluster_partitioned,
     cluster_versions,
-    shard_cluster_version,
     signature_rows,
 )
-from moe_dag.data.dedup.clusters import EMPTY_VERSION, cluster_row_counts
+from moe_dag.data.dedup.clusters import (
+    EMPTY_VERSION,
+    cluster_row_counts,
+    file_built_from_versions,
+    file_cluster_version,
+)
 from moe_dag.data.dedup.partitioned import CLUSTERS_STAGE
 from moe_dag.data.dedup.report import DuplicateReport
 from moe_dag.data.engine import StageSpec
@@ -173,13 +175,9 @@ def deduplicated(
 def _shard_versions(lake: Lake, source: str) -> dict[str, str]:
     """Shard key -> the version of its cluster file, each read by a task."""
     files = lake.files_matching(lake.dataset_dir(CLUSTERS_STAGE), f"{source}.*.parquet")
-    versions = map_tasks(functools.partial(_cluster_file_version, lake.url), files)
+    versions = map_tasks(functools.partial(file_cluster_version, lake.url), files)
     keys = [posixpath.basename(path).removeprefix(f"{source}.").removesuffix(".parquet") for path in files]
     return dict(zip(keys, versions, strict=True))
-
-
-def _cluster_file_version(lake_url: str, path: str) -> str:
-    return shard_cluster_version(path, Lake(lake_url).fs)
 
 
 def _built_from(lake: Lake, source: str) -> str:
@@ -187,18 +185,10 @@ def _built_from(lake: Lake, source: str) -> str:
         return EMPTY_VERSION
     # Each file's distinct versions, found by a task: the partition's rows never come into this process.
     per_file = map_tasks(
-        functools.partial(_file_versions, lake.url), lake.parquet_files("deduplicated", source)
+        functools.partial(file_built_from_versions, lake.url), lake.parquet_files("deduplicated", source)
     )
     versions = list(dict.fromkeys(version for versions in per_file for version in versions))
     return built_from_version(pa.table({CLUSTER_VERSION: pa.array(versions, pa.string())}))
-
-
-def _file_versions(lake_url: str, path: str) -> list[str]:
-    lake = Lake(lake_url)
-    with lake.fs.open(path, "rb") as handle:
-        if CLUSTER_VERSION not in pq.ParquetFile(handle).schema_arrow.names:
-            return []
-    return pc.unique(lake.read_file(path, [CLUSTER_VERSION])[CLUSTER_VERSION]).to_pylist()
 
 
 @dg.asset_check(asset="deduplicated", blocking=True)

@@ -50,7 +50,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from moe_dag.data.dedup.minhash import MinHashConfig
-from moe_dag.data.lake import duckdb_reading, read_batches
+from moe_dag.data.lake import Lake, duckdb_reading, read_batches
 from moe_dag.data.schema import with_decisions
 
 CLUSTER_SCHEMA = pa.schema(
@@ -167,6 +167,21 @@ def shard_cluster_version(path: str, fs: fsspec.AbstractFileSystem) -> str:
     with fs.open(path, "rb") as handle:
         table = pq.read_table(handle, columns=["source", "id", "cluster_id", "match"])
     return next(iter(cluster_versions(table).values()), EMPTY_VERSION)
+
+
+def file_cluster_version(lake_url: str, path: str) -> str:
+    """`shard_cluster_version` of a cluster file of the lake at `lake_url`: a task's form (`map_tasks`)."""
+    return shard_cluster_version(path, Lake(lake_url).fs)
+
+
+def file_built_from_versions(lake_url: str, path: str) -> list[str]:
+    """The distinct cluster versions one `deduplicated` file's rows were built from (none without the
+    column): a task's form, so that a partition's rows never come into the caller."""
+    lake = Lake(lake_url)
+    with lake.fs.open(path, "rb") as handle:
+        if CLUSTER_VERSION not in pq.ParquetFile(handle).schema_arrow.names:
+            return []
+    return pc.unique(lake.read_file(path, [CLUSTER_VERSION])[CLUSTER_VERSION]).to_pylist()
 
 
 def clusters_view(con: duckdb.DuckDBPyConnection, clusters: pa.Table | str | Sequence[str]) -> None:
