@@ -8,12 +8,17 @@ process holds results, never rows. Without a Ray connection in this process (a n
 same function runs here, item by item, with the same results.
 
 Items are grouped into at most `TASKS_PER_CPU` tasks per CPU of the cluster, so a slice of 10^4 files costs
-a few hundred task launches, not 10^4.
+a few hundred task launches, not 10^4. `iter_tasks` is the streaming form, for results that are small one
+at a time but not all together (a file's training text for the tokenizer): a task per item, a bounded
+number in flight, results yielded in the items' order.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import collections
+import os
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 Item = TypeVar("Item")
@@ -24,30 +29,76 @@ _REMOTE: dict[str, Any] = {}
 
 
 def map_tasks(
-    fn: Callable[[Item], Result], items: Sequence[Item], *, workers: int | None = None
+    fn: Callable[[Item], Result],
+    items: Sequence[Item],
+    *,
+    workers: int | None = None,
+    this_node: bool = False,
+    threads: bool = False,
 ) -> list[Result]:
     """`[fn(item) for item in items]`, as Ray tasks when this process is connected to Ray.
 
     `fn` must be importable by the workers (a module-level function, or a `functools.partial` of one).
     `workers`: 0 runs here even when Ray is connected (as the engine's `workers: 0`); otherwise the tasks
-    spread over the whole cluster."""
+    spread over the whole cluster, or only over this process's machine with `this_node` (work that writes
+    a file this process will hand on, such as the packed rows of a mixture in its artefact folder).
+    `threads`: what runs here runs on a thread per core (for work that releases the GIL, numpy copies)."""
     if not items:
         return []
     if workers == 0 or not _ray_connected():
+        if threads and len(items) > 1:
+            with ThreadPoolExecutor(max_workers=min(len(items), os.cpu_count() or 1)) as pool:
+                return list(pool.map(fn, items))
         return [fn(item) for item in items]
     import ray
 
     from moe_dag.data.engine.cluster import cluster_cpus
 
-    if "run_group" not in _REMOTE:  # exported to the workers once per process
-        _REMOTE["run_group"] = ray.remote(num_cpus=1)(_run_group)
-    groups = min(len(items), (workers or cluster_cpus()) * TASKS_PER_CPU)
+    remote = _remote(this_node)
+    cpus = workers or (int(ray.available_resources().get("CPU", 1)) if this_node else cluster_cpus())
+    groups = min(len(items), max(1, cpus) * TASKS_PER_CPU)
     bounds = [len(items) * g // groups for g in range(groups + 1)]
     handles = [
-        _REMOTE["run_group"].remote(fn, list(items[start:end]))
-        for start, end in zip(bounds, bounds[1:], strict=False)
+        remote.remote(fn, list(items[start:end])) for start, end in zip(bounds, bounds[1:], strict=False)
     ]
     return [result for group in ray.get(handles) for result in group]
+
+
+def iter_tasks(
+    fn: Callable[[Item], Result], items: Sequence[Item], *, in_flight: int = 4
+) -> Iterator[Result]:
+    """`fn(item)` for each item, yielded in order: a Ray task per item with at most `in_flight` running
+    (so at most that many results wait here), or lazily here without a Ray connection."""
+    if not _ray_connected():
+        yield from map(fn, items)
+        return
+    remote = _remote(this_node=False)
+    pending: collections.deque = collections.deque()
+    for item in items:
+        pending.append(remote.remote(fn, [item]))
+        if len(pending) >= in_flight:
+            yield from _ray_get(pending.popleft())
+    while pending:
+        yield from _ray_get(pending.popleft())
+
+
+def _remote(this_node: bool):  # noqa: ANN202 (a Ray remote function)
+    import ray
+
+    if "run_group" not in _REMOTE:  # exported to the workers once per process
+        _REMOTE["run_group"] = ray.remote(num_cpus=1)(_run_group)
+    if not this_node:
+        return _REMOTE["run_group"]
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    return _REMOTE["run_group"].options(scheduling_strategy=here)
+
+
+def _ray_get(handle: Any) -> list:
+    import ray
+
+    return ray.get(handle)
 
 
 def _run_group(fn: Callable[[Item], Result], items: list[Item]) -> list[Result]:

@@ -35,10 +35,9 @@ from __future__ import annotations
 
 import array
 import dataclasses
+import functools
 import json
-import os
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,9 +49,17 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from moe_dag.data.atomic import atomic_path
+from moe_dag.data.lake import Lake
 from moe_dag.data.mixture.heldout import HELDOUT_MAX_SHARE, heldout_count, split_heldout
 from moe_dag.data.mixture.sampler import MixtureSampler, check_weights
-from moe_dag.data.mixture.token_shards import SourceTokens, encode_stream, token_dtype, write_token_shard
+from moe_dag.data.mixture.token_shards import (
+    SourceIndex,
+    SourceTokens,
+    encode_stream,
+    token_dtype,
+    write_token_shard,
+)
+from moe_dag.data.tasks import map_tasks
 from moe_dag.data.tokenizer import eos_id
 
 TRAIN_FILE = "train.npy"
@@ -127,16 +134,24 @@ def build_mixture(
 
 
 def pack_mixture(
-    sources: dict[str, SourceTokens],
-    heldout: pa.Table,
+    sources: dict[str, SourceTokens | SourceIndex],
+    heldout: pa.Table | HeldoutSlices,
     vocab_size: int,
     eos: int,
     config: MixtureConfig,
     out_dir: Path,
 ) -> dict:
-    """Sample and pack tokenised sources into train.npy, write heldout.parquet and mixture.json."""
+    """Sample and pack tokenised sources into train.npy, write heldout.parquet and mixture.json.
+
+    With open `SourceTokens` and a held-out table in memory, everything runs in this process (the packing
+    on a thread per core). With `SourceIndex`es and `HeldoutSlices` from the lake, this process draws the
+    plan from the documents' lengths alone; Ray tasks on this machine (which holds `out_dir`) write the
+    held-out file and pack the rows from the plan (`map_tasks`, in this process without Ray)."""
     check_weights(config.weights, sources)
-    held = set(heldout["source"].to_pylist())
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    heldout_counts = _write_heldout(heldout, out_dir / HELDOUT_FILE)
+    held = set(heldout_counts)
     emptied = sorted(source for source, tokens in sources.items() if not len(tokens) and source not in held)
     if emptied:
         # Training without a configured source would quietly change every other source's share.
@@ -144,10 +159,6 @@ def pack_mixture(
             f"sources {emptied} kept no documents: the source_not_emptied checks of the curation stages "
             "name the stage and the reasons; loosen those rules for the source, or remove it from sources"
         )
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    _write_parquet(heldout, out_dir / HELDOUT_FILE)
-
     # A source held out whole is scored but never trained on; the rest share its weight.
     lengths = {source: tokens.lengths for source, tokens in sources.items() if len(tokens)}
     if not lengths:
@@ -169,7 +180,9 @@ def pack_mixture(
     packed = _pack(plan, sources, num_sequences, row, dtype, out_dir)
 
     report = {"vocab_size": vocab_size, "eos_id": eos, "dtype": dtype.name, "source_columns": sorted(sources)}
-    report |= _report(config, sampler, sources, heldout, packed, plan, capped_at, num_sequences, wanted)
+    report |= _report(
+        config, sampler, sources, heldout_counts, packed, plan, capped_at, num_sequences, wanted
+    )
     with atomic_path(out_dir / REPORT_FILE) as partial:
         partial.write_text(json.dumps(report, indent=2) + "\n")
     return report
@@ -218,7 +231,7 @@ def _draw(
 
 def _pack(
     plan: np.ndarray,
-    shards: dict[str, SourceTokens],
+    shards: dict[str, SourceTokens | SourceIndex],
     num_sequences: int,
     row: int,
     dtype: np.dtype,
@@ -228,44 +241,71 @@ def _pack(
     `row` tokens (the tail that does not fill a row is dropped) in train.npy, and each row's tokens per
     source in train_source_tokens.npy. Returns the tokens each source put into train.npy.
 
-    The rows are packed in chunks, each a function of the plan alone (`_pack_rows`), on a thread per
-    core: the copies are numpy gathers, which run without the GIL."""
+    The rows are packed in chunks, each a function of its slice of the plan alone (`_pack_chunk`): Ray
+    tasks on this machine for sources in the lake, threads here for open ones (the copies are numpy
+    gathers, which run without the GIL). Each chunk's task gets only the draws that overlap it."""
     names = sorted(shards)
     lengths_P = np.zeros(len(plan), dtype=np.int64)
     for column, source in enumerate(names):
         drawn = plan[:, 0] == column
         lengths_P[drawn] = shards[source].lengths[plan[drawn, 1]]
-    starts_P = np.cumsum(lengths_P) - lengths_P  # each draw's first position in the stream
-    source_tokens = np.zeros((num_sequences, len(names)), dtype=np.int32)
+    ends_P = np.cumsum(lengths_P)  # each draw's end in the stream
+    starts_P = ends_P - lengths_P
     with atomic_path(out_dir / PLAN_FILE) as plan_partial, plan_partial.open("wb") as handle:
         np.save(handle, plan)
     with atomic_path(out_dir / TRAIN_FILE) as partial:
-        rows = np.lib.format.open_memmap(partial, mode="w+", dtype=dtype, shape=(num_sequences, row))
+        np.lib.format.open_memmap(partial, mode="w+", dtype=dtype, shape=(num_sequences, row)).flush()
         chunk = max(1, PACK_CHUNK_TOKENS // row)
-        starts = range(0, num_sequences, chunk)
-        sources = [shards[source] for source in names]
-        with ThreadPoolExecutor(max_workers=min(len(starts), os.cpu_count() or 1)) as pool:
-            packing = [
-                pool.submit(
-                    _pack_rows,
-                    plan,
-                    starts_P,
-                    lengths_P,
-                    sources,
-                    rows[first : first + chunk],
-                    source_tokens[first : first + chunk],
-                    first * row,
-                )
-                for first in starts
-            ]
-            for done in tqdm(packing, desc="pack sequences", unit="chunk", disable=None):
-                done.result()
-        rows.flush()
-        del rows
+        jobs = []
+        for first in range(0, num_sequences, chunk):
+            rows = min(chunk, num_sequences - first)
+            begin, end = first * row, (first + rows) * row
+            low = int(np.searchsorted(ends_P, begin, side="right"))
+            high = int(np.searchsorted(starts_P, end, side="left"))
+            jobs.append(_PackJob(first, rows, plan[low:high], starts_P[low:high], lengths_P[low:high]))
+        in_memory = any(isinstance(shards[source], SourceTokens) for source in names)
+        counts = map_tasks(
+            functools.partial(_pack_chunk, partial, row, [shards[source] for source in names]),
+            jobs,
+            workers=0 if in_memory else None,
+            this_node=True,
+            threads=True,
+        )
+        source_tokens = np.concatenate([np.zeros((0, len(names)), dtype=np.int32), *counts])
         with atomic_path(out_dir / SOURCE_TOKENS_FILE) as counts_partial, counts_partial.open("wb") as handle:
             np.save(handle, source_tokens)
     totals = source_tokens.sum(axis=0, dtype=np.int64)
     return {source: int(totals[column]) for column, source in enumerate(names)}
+
+
+@dataclass(frozen=True)
+class _PackJob:
+    first: int  # the chunk's first row
+    rows: int
+    plan: np.ndarray  # the draws that overlap the chunk, with their starts and lengths in the stream
+    starts_P: np.ndarray
+    lengths_P: np.ndarray
+
+
+def _pack_chunk(
+    train_path: Path, row: int, sources: list[SourceTokens | SourceIndex], job: _PackJob
+) -> np.ndarray:
+    """Fill rows `job.first` onwards of the train.npy at `train_path` (made, at its full size, by the
+    caller); returns their tokens per source, [rows, sources]."""
+    train = np.load(train_path, mmap_mode="r+")
+    counts_RS = np.zeros((job.rows, len(sources)), dtype=np.int32)
+    rows_RT = train[job.first : job.first + job.rows]
+    _pack_rows(
+        job.plan,
+        job.starts_P,
+        job.lengths_P,
+        [s.open() for s in sources],
+        rows_RT,
+        counts_RS,
+        job.first * row,
+    )
+    rows_RT.flush()
+    return counts_RS
 
 
 def _pack_rows(
@@ -309,8 +349,8 @@ def _pack_rows(
 def _report(
     config: MixtureConfig,
     sampler: MixtureSampler,
-    shards: dict[str, SourceTokens],
-    heldout: pa.Table,
+    shards: dict[str, SourceTokens | SourceIndex],
+    heldout_counts: Counter,
     packed: dict[str, int],
     plan: np.ndarray,
     capped_at: dict[str, int],
@@ -319,7 +359,6 @@ def _report(
 ) -> dict:
     total = sum(packed.values())
     total_weight = sum(config.weights.values())
-    heldout_counts = Counter(heldout["source"].to_pylist())
     sources = {}
     warnings = []
     for source, shard in shards.items():
@@ -363,6 +402,33 @@ def _report(
         "sampler_state": sampler.state_dict(),
         "config": dataclasses.asdict(config),
     }
+
+
+@dataclass(frozen=True)
+class HeldoutSlices:
+    """The held-out documents as the tokenising tasks left them in the lake, one slice per source: written
+    into heldout.parquet by a task (`write`), so this process never reads them."""
+
+    lake_url: str
+    stage: str
+    sources: tuple[str, ...]
+
+    def write(self, path: Path) -> Counter:
+        """The sources' slices, in order, as one file at `path`; returns the documents per source."""
+        lake = Lake(self.lake_url)
+        table = pa.concat_tables(
+            [HELDOUT_SCHEMA.empty_table(), *(lake.read_table(self.stage, source) for source in self.sources)]
+        )
+        _write_parquet(table, path)
+        return Counter(table["source"].to_pylist())
+
+
+def _write_heldout(heldout: pa.Table | HeldoutSlices, path: Path) -> Counter:
+    """heldout.parquet at `path`; returns its documents per source."""
+    if isinstance(heldout, HeldoutSlices):
+        return map_tasks(heldout.write, [path], this_node=True)[0]
+    _write_parquet(heldout, path)
+    return Counter(heldout["source"].to_pylist())
 
 
 def _write_parquet(table: pa.Table, path: Path) -> None:

@@ -2,14 +2,18 @@
 
 Two functions, one per asset, that a script or a test calls without Dagster:
 
-- `train_curated_tokenizer`: one streamed pass over each source's kept ids fixes its held-out cut
-  (heldout.py), a second streams the training text (kept, not held out, not excluded as the neutral set
-  or its copies) into the BPE trainer. The tokenizer and the cuts are written together into the
-  tokenizer's folder (`heldout_cuts.json`).
+- `train_curated_tokenizer`: two passes of tasks over each source's kept ids fix its held-out cut
+  (heldout.py: counts, then each file's lowest hashes), a third streams the training text (kept, not held
+  out, not excluded as the neutral set or its copies) into the BPE trainer, a file at a time. The
+  tokenizer and the cuts are written together into the tokenizer's folder (`heldout_cuts.json`).
 - `build_curated_mixture`: each source's scored shards tokenised per shard (`TokenizeWork`, by the
   engine: Ray tasks, or a plain loop with `workers=0`), split at the stored cuts, then sampled and
-  packed by `pack_mixture`. The driver reads no document text: only the token index and the held-out
-  rows come back to it.
+  packed by `pack_mixture`. The driver reads no document and no index row: tasks return each token
+  shard's document lengths, the sampler draws the plan from them here, and tasks on this machine write
+  the held-out file and pack the rows from the plan.
+
+Every pass over the scored files runs in tasks (`map_tasks`, `iter_tasks`; in this process without Ray),
+and the ids no training may see are read by those tasks (`Exclusions`), not here.
 
 Why the mixture reads the tokenizer's cuts rather than recomputing them: the kept ids are scanned once,
 not twice; and the split is by construction the one the tokenizer was trained around, so if the lake
@@ -21,22 +25,25 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 from tokenizers import Tokenizer
 
 from moe_dag.data.atomic import atomic_path
 from moe_dag.data.engine import ShardInput, StageRun, StageSpec, upstream_inputs
 from moe_dag.data.engine.stages import TokenizeWork
-from moe_dag.data.lake import Lake
-from moe_dag.data.mixture.build import HELDOUT_SCHEMA, MixtureConfig, pack_mixture
-from moe_dag.data.mixture.heldout import heldout_cut, split_at_cut
-from moe_dag.data.mixture.neutral import excluded_ids, without_excluded
-from moe_dag.data.mixture.token_shards import SourceTokens, TokenShard
+from moe_dag.data.lake import Lake, read_batches
+from moe_dag.data.mixture.build import HeldoutSlices, MixtureConfig, pack_mixture
+from moe_dag.data.mixture.heldout import cut_of_lowest, heldout_count, lowest_hashes, split_at_cut
+from moe_dag.data.mixture.neutral import Exclusions, without_excluded
+from moe_dag.data.mixture.token_shards import SourceIndex
 from moe_dag.data.schema import kept_rows
+from moe_dag.data.tasks import iter_tasks, map_tasks
 from moe_dag.data.tokenizer import (
     TOKENIZER_FILE,
     TokenizerConfig,
@@ -66,27 +73,28 @@ class TrainedTokenizer:
     cuts: dict[str, int | None]  # per source, the held-out cut on the id hash
 
 
-def kept_training_batches(
-    lake: Lake, source: str, columns: list[str], excluded: frozenset[str]
-) -> Iterator[pa.Table]:
-    """The kept scored documents training may use (`columns` of them): the neutral set and its copies
-    left out, held-out documents still in."""
-    for batch in lake.iter_batches(SCORED_STAGE, source, columns=[*columns, "keep"]):
-        yield without_excluded(kept_rows(batch), excluded)
-
-
 def heldout_cuts(
-    lake: Lake, sources: list[str], config: MixtureConfig, excluded: frozenset[str]
+    lake: Lake, sources: list[str], config: MixtureConfig, excluded: Exclusions
 ) -> dict[str, int | None]:
-    """Per source, the held-out cut on the id hash, from one pass over its kept ids."""
-
-    def ids(name: str) -> Iterator[str]:
-        for batch in kept_training_batches(lake, name, ["id"], excluded):
-            yield from batch["id"].to_pylist()
-
+    """Per source, the held-out cut on the id hash, from two passes of tasks over its kept ids: each
+    file's count of usable documents, then each file's lowest hashes, as many as the source holds out.
+    Only counts and those hashes (8 bytes a held-out document) come back here."""
+    files = _scored_files(lake, sources)
+    counts = Counter()
+    for (name, _), count in zip(
+        files, map_tasks(functools.partial(_usable_count, lake.url, excluded), files), strict=True
+    ):
+        counts[name] += count
+    wanted = {
+        name: heldout_count(
+            counts[name], config.heldout_fraction, config.heldout_min_documents, config.heldout_max_share
+        )
+        for name in sources
+    }
+    lowest = map_tasks(functools.partial(_lowest_hashes, lake.url, excluded, wanted), files)
     return {
-        name: heldout_cut(
-            ids(name), config.heldout_fraction, config.heldout_min_documents, config.heldout_max_share
+        name: cut_of_lowest(
+            [part for (source, _), part in zip(files, lowest, strict=True) if source == name], wanted[name]
         )
         for name in sources
     }
@@ -95,18 +103,19 @@ def heldout_cuts(
 def train_curated_tokenizer(
     lake: Lake, sources: list[str], mixture: MixtureConfig, config: TokenizerConfig
 ) -> TrainedTokenizer:
-    """A BPE tokenizer on the kept training documents, streamed from the lake; written with the held-out
-    cuts into the lake's `tokenizer` folder."""
-    excluded = excluded_ids(lake)
+    """A BPE tokenizer on the kept training documents, written with the held-out cuts into the lake's
+    `tokenizer` folder. Tasks read the scored files; the training text reaches the trainer here one file
+    at a time, in the sources' and files' order (`iter_tasks`), so this process never holds a source."""
+    excluded = Exclusions(lake.url)
     cuts = heldout_cuts(lake, sources, mixture, excluded)
     counted = {"documents": 0}
 
     def texts() -> Iterator[str]:
-        for name in sources:
-            for batch in kept_training_batches(lake, name, ["id", "text"], excluded):
-                train, _ = split_at_cut(batch, cuts[name])
-                counted["documents"] += train.num_rows
-                yield from train["text"].to_pylist()
+        for file_texts in iter_tasks(
+            functools.partial(_training_texts, lake.url, excluded, cuts), _scored_files(lake, sources)
+        ):
+            counted["documents"] += len(file_texts)
+            yield from file_texts
 
     trained = train_tokenizer(texts(), config)
     with lake.writing_artifact(TOKENIZER_STAGE) as folder:
@@ -114,6 +123,51 @@ def train_curated_tokenizer(
         with atomic_path(folder / CUTS_FILE) as partial:
             partial.write_text(json.dumps(cuts, indent=2, sort_keys=True) + "\n")
     return TrainedTokenizer(tokenizer=trained, path=path, documents=counted["documents"], cuts=cuts)
+
+
+def _scored_files(lake: Lake, sources: list[str]) -> list[tuple[str, str]]:
+    """(source, path) of every scored file of `sources`, in order."""
+    files = []
+    for name in sources:
+        paths = lake.parquet_files(SCORED_STAGE, name)
+        if not paths:
+            raise FileNotFoundError(f"{SCORED_STAGE} for source {name!r} has not been materialised yet")
+        files += [(name, path) for path in paths]
+    return files
+
+
+def _usable_batches(lake_url: str, excluded: Exclusions, path: str, columns: list[str]) -> Iterator[pa.Table]:
+    """The kept scored documents of one file training may use (`columns` of them): the neutral set and its
+    copies left out, held-out documents still in."""
+    for batch in read_batches(path, Lake(lake_url).fs, columns=[*columns, "keep"]):
+        yield without_excluded(kept_rows(batch), excluded)
+
+
+def _usable_count(lake_url: str, excluded: Exclusions, file: tuple[str, str]) -> int:
+    return sum(batch.num_rows for batch in _usable_batches(lake_url, excluded, file[1], ["id"]))
+
+
+def _lowest_hashes(
+    lake_url: str, excluded: Exclusions, wanted: dict[str, int], file: tuple[str, str]
+) -> np.ndarray:
+    source, path = file
+    ids = (
+        doc_id
+        for batch in _usable_batches(lake_url, excluded, path, ["id"])
+        for doc_id in batch["id"].to_pylist()
+    )
+    return lowest_hashes(ids, wanted[source])
+
+
+def _training_texts(
+    lake_url: str, excluded: Exclusions, cuts: dict[str, int | None], file: tuple[str, str]
+) -> list[str]:
+    source, path = file
+    return [
+        text
+        for batch in _usable_batches(lake_url, excluded, path, ["id", "text"])
+        for text in split_at_cut(batch, cuts[source])[0]["text"].to_pylist()
+    ]
 
 
 def read_heldout_cuts(lake: Lake, sources: list[str]) -> dict[str, int | None]:
@@ -130,12 +184,12 @@ def read_heldout_cuts(lake: Lake, sources: list[str]) -> dict[str, int | None]:
 
 def tokenize_curated(
     lake: Lake, sources: list[str], config: MixtureConfig, run: StageRunner
-) -> tuple[dict[str, SourceTokens], pa.Table, Tokenizer]:
-    """Every source's token shards (tokenised where missing or stale), the held-out documents, and the
-    tokenizer."""
+) -> tuple[dict[str, SourceIndex], HeldoutSlices, Tokenizer]:
+    """Every source's token shards (tokenised where missing or stale) as their index, the held-out
+    documents as lake slices, and the tokenizer: what `pack_mixture` packs in tasks."""
     trained = load_tokenizer(lake.artifact_dir(TOKENIZER_STAGE) / TOKENIZER_FILE)
     cuts = read_heldout_cuts(lake, sources)
-    excluded = excluded_ids(lake)
+    excluded = Exclusions(lake.url)  # each actor reads the ids itself
     spec = StageSpec(
         outputs=(TOKENS_STAGE, HELDOUT_STAGE),
         make_work=functools.partial(
@@ -149,16 +203,15 @@ def tokenize_curated(
         ),
         # A retrained tokenizer, or a held-out set that moved, retokenises every shard.
         params=repr(
-            (hashlib.sha256(trained.to_str().encode()).hexdigest(), config.eos_token, cuts, sorted(excluded))
+            (hashlib.sha256(trained.to_str().encode()).hexdigest(), config.eos_token, cuts, excluded.digest())
         ),
     )
-    tokens, heldout = {}, [HELDOUT_SCHEMA.empty_table()]
-    for name in sorted(sources):
-        stage_run = run(spec, name, upstream_inputs(lake, SCORED_STAGE, name))
-        folder = lake.local_slice(TOKENS_STAGE, name)
-        tokens[name] = SourceTokens(name, [TokenShard.open(folder, key) for key in stage_run.records])
-        heldout.append(lake.read_table(HELDOUT_STAGE, name))
-    return tokens, pa.concat_tables(heldout), trained
+    keys = {
+        name: list(run(spec, name, upstream_inputs(lake, SCORED_STAGE, name)).records)
+        for name in sorted(sources)
+    }
+    tokens = SourceIndex.gather(lake, TOKENS_STAGE, keys)
+    return tokens, HeldoutSlices(lake.url, HELDOUT_STAGE, tuple(sorted(sources))), trained
 
 
 def build_curated_mixture(

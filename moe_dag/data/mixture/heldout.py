@@ -57,6 +57,22 @@ def heldout_cut(
     return int(hashes[count - 1]) if count else None
 
 
+def lowest_hashes(ids: Iterable[str], count: int) -> np.ndarray:
+    """The `count` lowest id hashes of `ids`, sorted: a part of a source's ids gives these, and the
+    source's cut is the `count`-th lowest of the parts' together (`cut_of_lowest`)."""
+    hashes = _hashes(ids)
+    if count < len(hashes):
+        hashes = np.partition(hashes, count)[:count] if count else hashes[:0]
+    return np.sort(hashes)
+
+
+def cut_of_lowest(parts: Iterable[np.ndarray], count: int) -> int | None:
+    """`heldout_cut` of a source held out `count` documents, from each part's `lowest_hashes(ids, count)`."""
+    if not count:
+        return None
+    return int(np.sort(np.concatenate([np.empty(0, np.uint64), *parts]))[count - 1])
+
+
 def split_at_cut(table: pa.Table, cut: int | None) -> tuple[pa.Table, pa.Table]:
     """(training, held-out) rows of `table` (column `id`), each in the table's order."""
     held = np.zeros(table.num_rows, dtype=bool) if cut is None else _hashes(table["id"].to_pylist()) <= cut

@@ -29,6 +29,8 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from moe_dag.data.atomic import atomic_path
+from moe_dag.data.lake import Lake
+from moe_dag.data.tasks import map_tasks
 
 INDEX_SCHEMA = pa.schema(
     [
@@ -220,3 +222,62 @@ class SourceTokens:
         """(shard, index within that shard) of each of the source's `documents`."""
         shard = np.searchsorted(self._starts, documents, side="right") - 1
         return shard, documents - self._starts[shard]
+
+    def open(self) -> SourceTokens:
+        """Itself: the tokens are open (`SourceIndex.open` is the form a task calls)."""
+        return self
+
+
+@dataclass(frozen=True)
+class ShardRef:
+    """A token shard in the lake named rather than opened, so any process (a Ray task) can open it."""
+
+    lake_url: str
+    stage: str
+    source: str
+    key: str
+
+    def open(self) -> TokenShard:
+        return TokenShard.open(Lake(self.lake_url).local_slice(self.stage, self.source), self.key)
+
+    def lengths(self) -> np.ndarray:
+        """Its documents' lengths (tokens, EOS included), from the index alone."""
+        lake = Lake(self.lake_url)
+        with lake.fs.open(
+            lake.shard_path(self.stage, self.source, self.key, ".index.parquet"), "rb"
+        ) as handle:
+            return pq.read_table(handle, columns=["length"])["length"].to_numpy()
+
+
+class SourceIndex:
+    """A source's token shards as the sampler and the packing plan see them: each document's length, and
+    where its shard lies. The lengths come from tasks that read the indexes (`gather`); the tokens stay in
+    the lake until a packing task opens them (`open`). 8 bytes a document here, where `SourceTokens`
+    also holds ids, offsets and byte counts."""
+
+    def __init__(self, source: str, refs: list[ShardRef], lengths: list[np.ndarray]) -> None:
+        if not refs:
+            raise ValueError(f"source {source!r} has no token shard")
+        self.source, self.refs = source, tuple(refs)
+        self.lengths = np.concatenate(lengths)
+
+    @classmethod
+    def gather(cls, lake: Lake, stage: str, keys: dict[str, list[str]]) -> dict[str, SourceIndex]:
+        """Each source's index from its shards (`keys`, in order) under `stage`, read in tasks."""
+        refs = {
+            source: [ShardRef(lake.url, stage, source, key) for key in names]
+            for source, names in keys.items()
+        }
+        everything = [ref for source in refs for ref in refs[source]]
+        lengths = iter(map_tasks(ShardRef.lengths, everything))
+        return {source: cls(source, mine, [next(lengths) for _ in mine]) for source, mine in refs.items()}
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def open(self) -> SourceTokens:
+        return SourceTokens(self.source, [ref.open() for ref in self.refs])
+
+    def __getstate__(self) -> dict:
+        # A packing task needs the shards, not the lengths it is sent with.
+        return {"source": self.source, "refs": self.refs, "lengths": None}

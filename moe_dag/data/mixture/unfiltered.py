@@ -13,8 +13,10 @@ run per raw shard on the engine (Ray tasks, or a loop with `workers=0`), each wi
 1. `unfiltered_mixture/heldout_texts`: the text hash of every left-out id the shard holds (a few rows);
 2. `unfiltered_mixture/shards`: the token shard of the shard's remaining documents (`removal_reasons`).
 
-The driver holds only ids and hashes of the left-out documents and their cluster mates, and the token
-indexes; it packs them as the curated mixture is packed, to the curated mixture's token budget.
+The driver holds only ids and hashes of the left-out documents and their cluster mates (found by tasks:
+the curated held-out file, the exclusions, the clusters and the hashes are read in tasks), and the
+token shards' document lengths (read by tasks); it draws the plan as the curated mixture does, to the
+curated mixture's token budget, and tasks pack the rows from it.
 `unfiltered_documents` is the same rule on tables in memory: the reference the tests compare with.
 """
 
@@ -34,12 +36,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from moe_dag.data.dedup.clusters import cluster_mates
 from moe_dag.data.engine import ShardInput, ShardOutput, ShardWork, StageSpec, merge_counts, upstream_inputs
 from moe_dag.data.lake import Lake, read_batches
 from moe_dag.data.mixture.build import HELDOUT_FILE, HELDOUT_SCHEMA, REPORT_FILE, MixtureConfig, pack_mixture
 from moe_dag.data.mixture.curated import MIXTURE_STAGE, TOKENIZER_STAGE, StageRunner
 from moe_dag.data.mixture.neutral import excluded_ids
-from moe_dag.data.mixture.token_shards import SourceTokens, TokenShard, TokenShardWriter
+from moe_dag.data.mixture.token_shards import SourceIndex, TokenShardWriter
+from moe_dag.data.tasks import map_tasks
 from moe_dag.data.tokenizer import TOKENIZER_FILE, eos_id, load_tokenizer
 
 RAW_STAGE = "raw_documents"
@@ -184,27 +188,26 @@ def build_unfiltered_mixture(
     packed with the curated mixture's recipe and token budget into the lake's `unfiltered_mixture` folder."""
     curated_dir = lake.artifact_dir(MIXTURE_STAGE)
     curated = json.loads((curated_dir / REPORT_FILE).read_text())
-    held = pq.read_table(curated_dir / HELDOUT_FILE, columns=["id"])["id"].to_pylist()
-    heldout_ids = frozenset(held) | excluded_ids(lake)  # the neutral set and its copies
-    near = frozenset(
-        near_copy_ids(
-            lambda: lake.iter_batches(CLUSTERS_STAGE, columns=["id", "cluster_id"]), _string_set(heldout_ids)
-        )
-    )
+    # Ids of the evaluation sets (the curated held-out set, the neutral set and its copies) and their
+    # cluster mates, found by tasks: this process holds those ids, never a source's rows.
+    heldout_ids = map_tasks(
+        functools.partial(_left_out_ids, lake.url), [curated_dir / HELDOUT_FILE], this_node=True
+    )[0]
+    near = frozenset()
+    if heldout_ids and lake.has_table(CLUSTERS_STAGE):
+        clusters = lake.glob_pattern(CLUSTERS_STAGE, partitioned=False)
+        near = frozenset(map_tasks(functools.partial(cluster_mates, clusters), [sorted(heldout_ids)])[0])
     texts_spec = StageSpec(
         outputs=(TEXTS_STAGE,),
         make_work=functools.partial(HeldoutTextWork, heldout_ids),
         params=_digest(sorted(heldout_ids)),
     )
-    heldout_texts: set[bytes] = set()
     for name in sorted(sources):
         run(texts_spec, name, upstream_inputs(lake, RAW_STAGE, name))
-        heldout_texts.update(
-            lake.read_table(TEXTS_STAGE, name, columns=["text_hash"])["text_hash"].to_pylist()
-        )
+    heldout_texts = frozenset().union(*map_tasks(functools.partial(_text_hashes, lake.url), sorted(sources)))
 
     tokenizer = load_tokenizer(lake.artifact_dir(TOKENIZER_STAGE) / TOKENIZER_FILE)
-    rules = (heldout_ids, frozenset(heldout_texts), near)
+    rules = (heldout_ids, heldout_texts, near)
     tokens_spec = StageSpec(
         outputs=(TOKENS_STAGE,),
         make_work=functools.partial(
@@ -213,12 +216,12 @@ def build_unfiltered_mixture(
         # A retrained tokenizer, or another set left out, retokenises every shard.
         params=_digest(tokenizer.to_str(), config.eos_token, *(sorted(rule) for rule in rules)),
     )
-    shards, counts = {}, []
+    keys, counts = {}, []
     for name in sorted(sources):
         stage_run = run(tokens_spec, name, upstream_inputs(lake, RAW_STAGE, name))
-        folder = lake.local_slice(TOKENS_STAGE, name)
-        shards[name] = SourceTokens(name, [TokenShard.open(folder, key) for key in stage_run.records])
+        keys[name] = list(stage_run.records)
         counts.append(stage_run.counts)
+    shards = SourceIndex.gather(lake, TOKENS_STAGE, keys)
 
     # Scored on the curated held-out set only: this mixture keeps nothing back of its own.
     recipe = dataclasses.replace(
@@ -230,6 +233,18 @@ def build_unfiltered_mixture(
         report = pack_mixture(shards, HELDOUT_SCHEMA.empty_table(), vocab_size, eos, recipe, out_dir)
     removed = {reason: 0 for reason in REASONS} | merge_counts(counts).get("removed", {})
     return UnfilteredMixture(report, out_dir, sum(len(tokens) for tokens in shards.values()), removed)
+
+
+def _left_out_ids(lake_url: str, curated_heldout: Path) -> frozenset[str]:
+    """The curated held-out ids (from the curated mixture's file), the neutral set and its copies."""
+    held = pq.read_table(curated_heldout, columns=["id"])["id"].to_pylist()
+    return frozenset(held) | excluded_ids(Lake(lake_url))
+
+
+def _text_hashes(lake_url: str, source: str) -> frozenset[bytes]:
+    return frozenset(
+        Lake(lake_url).read_table(TEXTS_STAGE, source, columns=["text_hash"])["text_hash"].to_pylist()
+    )
 
 
 def _string_set(ids: Iterable[str]) -> pa.Array:
