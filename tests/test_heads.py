@@ -117,6 +117,21 @@ def test_backbone_rejects_bad_layers(minilm):
 OUTPUTS = {"general": 5, "code": 4}
 
 
+@pytest.mark.parametrize("n_layers", [1, 2])
+def test_the_judge_computes_its_last_layer_at_the_query_alone_as_the_whole_encoder_would(n_layers):
+    torch.manual_seed(0)
+    judge = JudgeHead(16, JudgeHeadConfig(d_model=16, n_heads=2, n_layers=n_layers, dropout=0.0), OUTPUTS)
+    hidden = torch.randn(3, 5, 16)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]])
+    tokens = judge.project(judge.input_norm(hidden))
+    x = torch.cat([judge.query.expand(3, -1, -1), tokens], dim=1)
+    ignore = torch.cat([torch.ones_like(mask[:, :1]), mask], dim=1) == 0
+    for mode in (judge.train, judge.eval):  # the eval fast path of nn.TransformerEncoderLayer as well
+        mode()
+        whole = judge.encoder(x, src_key_padding_mask=ignore)[:, 0]
+        torch.testing.assert_close(judge.encode(hidden, mask), whole)
+
+
 def test_heads_output_every_dimension_and_ignore_padding():
     torch.manual_seed(0)
     probe, judge = (
