@@ -2,6 +2,8 @@
 (experts that receive no tokens, ranks that send none, capacity drops, FP8 dispatch), data parallelism
 around it (DDP with gradient accumulation, FSDP2 with expert replicas), and through the training entry
 point: EP=2 losses equal EP=1 step by step, and checkpoints reshard EP=2 -> EP=1 and EP=1 -> EP=2.
+Split models are built with their experts narrowed on the meta device, as the trainer builds them, and
+start from exactly the whole build's weights.
 
 Process tests spawn one group of ranks per world size and run every case in it (starting processes is
 most of their cost on a loaded machine).
@@ -29,7 +31,7 @@ from moe_dag.training.config import Config, ParallelConfig, tiny
 from moe_dag.training.distributed import DistInfo
 from moe_dag.training.expert_parallel import ExpertParallelDispatch
 from moe_dag.training.load_balance import ExpertBiasUpdater
-from moe_dag.training.model import Transformer, build_model
+from moe_dag.training.model import Transformer, build_model, materialise, meta_model
 from moe_dag.training.optim import build_optimizer, build_scheduler
 from moe_dag.training.parallelize import Parallelism
 from moe_dag.training.precision import build_recipe
@@ -238,7 +240,9 @@ class _RankSlice:
 def check_training(
     info: DistInfo, parallel_config: ParallelConfig, grad_accum_steps: int, grad_clip: float | None = None
 ) -> None:
-    """`train_step` on this rank's slice of each batch follows one process on the whole batches."""
+    """`train_step` on this rank's slice of each batch follows one process on the whole batches. The
+    split model is built as the trainer builds it, experts narrowed on the meta model, and starts from
+    exactly the whole build's weights."""
     steps = 3
     config = tiny()
     config = dataclasses.replace(
@@ -249,13 +253,18 @@ def check_training(
             config.train, batch_size=2 * info.world_size, grad_accum_steps=grad_accum_steps
         ),
     )
-    losses = []
+    losses, initial = [], {}
     for parallel in (None, Parallelism(parallel_config, info)):
         torch.manual_seed(0)
-        model = build_model(config.model)
         recipe = build_recipe(config.precision)
-        if parallel is not None:
+        if parallel is None:
+            model = build_model(config.model)
+            initial = {name: value.clone() for name, value in model.state_dict().items()}
+        else:
+            model = meta_model(config.model)
             parallel.shard_experts(model)
+            materialise(model, info.device)
+            assert_whole_builds_slice(model, initial)
         wrapped = model if parallel is None else parallel.wrap(model)
         optimizer = build_optimizer(model, config.optim)
         all_reduce = None if parallel is None else dist.all_reduce
@@ -279,6 +288,16 @@ def check_training(
         assert norm_b == pytest.approx(norm_a, rel=1e-4)
     if grad_clip is not None:
         assert max(norm for _, norm in single) > grad_clip  # clipping took part
+
+
+def assert_whole_builds_slice(model: Transformer, whole: dict[str, torch.Tensor]) -> None:
+    """Every tensor of `model` equals the whole build's, its experts the rows of this rank's slice."""
+    for name, value in model.state_dict().items():
+        expected = whole[name]
+        if value.shape != expected.shape:  # a stacked expert weight: [local experts, ...]
+            experts = model.get_submodule(name.rsplit(".", 1)[0])
+            expected = expected[experts.first_expert : experts.first_expert + value.shape[0]]
+        assert torch.equal(value, expected), name
 
 
 @pytest.mark.slow

@@ -8,6 +8,9 @@ Cerebras-GPT, arXiv:2304.03208).
 Build with `build_model`: modules are created on the meta device (no memory, no wasted init), then
 materialised on the target device and initialised once by `Transformer.init_weights`; every RMSNorm
 with a weight then runs through the kernels room's `rms_norm` (Triton on a GPU, its reference on CPU).
+Expert parallelism goes between the two halves, `meta_model` and `materialise`: it narrows each MoE
+layer's experts to the rank's slice while they are still meta, so a rank allocates and draws only its
+own experts, with the values a whole build gives them (`RoutedExperts.keep`, `slice_init.py`).
 
 Shape legend: B batch, S sequence, D model width, V vocabulary.
 """
@@ -108,9 +111,7 @@ class Transformer(nn.Module):
                     self._init_swiglu(ffn.shared, std, w2_std=std)
                 nn.init.normal_(ffn.router.gate.weight, std=std)
                 ffn.router.expert_bias_E.zero_()
-                nn.init.normal_(ffn.experts.w1_EFD, std=std)
-                nn.init.normal_(ffn.experts.w3_EFD, std=std)
-                nn.init.normal_(ffn.experts.w2_EDF, std=std)
+                ffn.experts.init_weights(std)  # this rank's slice only, under expert parallelism
                 ffn.output_norm_scale.fill_(config.output_norm_scale_init)
                 ffn.tokens_per_expert_E.zero_()
                 ffn.router_stats.zero_()
@@ -123,11 +124,20 @@ class Transformer(nn.Module):
         nn.init.normal_(ffn.w2.weight, std=w2_std)
 
 
-def build_model(config: ModelConfig, device: torch.device | str = "cpu") -> Transformer:
-    """Create the model on the meta device, then materialise it on `device` and initialise it."""
+def meta_model(config: ModelConfig) -> Transformer:
+    """The model on the meta device: shapes only, no memory, nothing drawn."""
     with torch.device("meta"):
-        model = Transformer(config)
+        return Transformer(config)
+
+
+def materialise(model: Transformer, device: torch.device | str) -> Transformer:
+    """Allocate a meta model's parameters and buffers on `device` and initialise them (in place)."""
     model.to_empty(device=device)
     model.init_weights()
     use_triton_rms_norm(model)
     return model
+
+
+def build_model(config: ModelConfig, device: torch.device | str = "cpu") -> Transformer:
+    """Create the model on the meta device, then materialise it on `device` and initialise it."""
+    return materialise(meta_model(config), device)

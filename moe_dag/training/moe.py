@@ -42,6 +42,7 @@ from torch import nn
 from moe_dag.kernels import permute, rms_norm, route, unpermute
 from moe_dag.training.config import ModelConfig
 from moe_dag.training.grouped_mm import grouped_mm
+from moe_dag.training.slice_init import normal_rows_
 
 GroupedMatmul = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 # (experts, x_ND, expert_NK, gate_NK) -> y_ND: the routed pairs to the experts and their gated sum back.
@@ -213,7 +214,11 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
 
 
 class RoutedExperts(nn.Module):
-    """E SwiGLU experts stored as stacked [E, ...] weights, so expert parallelism can shard dim 0."""
+    """E SwiGLU experts stored as stacked [E, ...] weights, so expert parallelism can shard dim 0.
+
+    `keep(first, count)` narrows the module to experts [first, first + count) of the E (expert
+    parallelism's local slice); `init_weights` then draws only those, with the values a whole stack
+    drawn from the same generator state holds there (`slice_init.py`)."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -222,6 +227,21 @@ class RoutedExperts(nn.Module):
         self.w3_EFD = nn.Parameter(torch.empty(E, F_, D))
         self.w2_EDF = nn.Parameter(torch.empty(E, D, F_))
         self.grouped_mm: GroupedMatmul = grouped_mm
+        self.first_expert, self.total_experts = 0, E
+
+    def keep(self, first: int, count: int) -> None:
+        """Hold experts [first, first + count) of the whole stack only (on the meta device: no memory
+        yet, `init_weights` draws them later; on a built model: their current values)."""
+        if self.first_expert != 0 or self.w1_EFD.shape[0] != self.total_experts:
+            raise ValueError("the experts are already narrowed to a slice")
+        for name, weight in list(self.named_parameters(recurse=False)):
+            setattr(self, name, nn.Parameter(weight.detach()[first : first + count].clone()))
+        self.first_expert = first
+
+    def init_weights(self, std: float) -> None:
+        """normal(0, std) for w1, w3 and w2, in that order, as if drawn for the whole stack."""
+        for weight in (self.w1_EFD, self.w3_EFD, self.w2_EDF):
+            normal_rows_(weight, std, first_row=self.first_expert, total_rows=self.total_experts)
 
     def forward(self, x_MD: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
         """The experts applied to expert-sorted rows: counts_E[e] consecutive rows go to expert e."""

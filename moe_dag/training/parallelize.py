@@ -17,13 +17,16 @@ Every rank reads its own batch (data parallelism over all W ranks).
 |                | of a node, replicated across nodes (hsdp)    |                                            |
 
 Dividing the expert gradients by W makes them what one process would compute on the W batches
-together, as DDP's average does for the dense parts. The model is built and initialised whole on every
-rank, then each rank keeps its slice of the experts, so every EP size starts from the same weights.
+together, as DDP's average does for the dense parts. Each rank narrows the experts of the model while
+it is still on the meta device, then materialises it: only its own experts are allocated and drawn, with
+the values a whole build gives them (`slice_init.py`), so every EP size starts from the same weights
+and no rank ever holds the whole expert stack. (`shard_experts` on a built model slices it instead.)
 
 Use, in this order:
 
     parallel = Parallelism(config.parallel, info)
-    model = build_model(...); parallel.shard_experts(model)      # before the recipe and the optimizer
+    model = meta_model(...); parallel.shard_experts(model)       # before the recipe and the optimizer
+    materialise(model, device)
     recipe.prepare(model); optimizer = build_optimizer(model, ...)
     wrapped = parallel.wrap(model)                                # DDP, FSDP2, or the model itself
     per step: backward under distributed.gradient_sync(wrapped, ...); then
@@ -81,7 +84,8 @@ class Parallelism:
         return self.config.ep > 1 or self.config.fp8_dispatch
 
     def shard_experts(self, model: Transformer) -> None:
-        """Keep this rank's experts of every MoE layer and dispatch to the others all-to-all."""
+        """Keep this rank's experts of every MoE layer and dispatch to the others all-to-all; on a meta
+        model (`model.meta_model`), before `materialise`, so only those experts are ever allocated."""
         if not self.splits_experts:
             return
         for moe in model.moe_layers():
@@ -96,9 +100,7 @@ class Parallelism:
                 drops_pairs=moe.capacity_factor is not None,
                 fp8=self.config.fp8_dispatch,
             )
-            local = slice(dispatch.first_expert, dispatch.first_expert + dispatch.local_experts)
-            for name, weight in list(moe.experts.named_parameters(recurse=False)):
-                setattr(moe.experts, name, nn.Parameter(weight.detach()[local].clone()))
+            moe.experts.keep(dispatch.first_expert, dispatch.local_experts)
             moe.dispatch = dispatch
 
     def expert_parameters(self, model: Transformer) -> list[nn.Parameter]:

@@ -34,7 +34,7 @@ from moe_dag.training.data import MixtureInfo, TrainBatches, read_mixture
 from moe_dag.training.health import AnomalyDetector, RouterHealth
 from moe_dag.training.load_balance import ExpertBiasUpdater
 from moe_dag.training.mfu import peak_flops
-from moe_dag.training.model import Transformer, build_model
+from moe_dag.training.model import Transformer, materialise, meta_model
 from moe_dag.training.optim import build_optimizer, build_scheduler
 from moe_dag.training.parallelize import Parallelism, clip_gradients
 from moe_dag.training.params import ParamCounts, count_parameters, flops_per_token
@@ -157,9 +157,10 @@ def _build(config: Config, data_dir: Path, info: distributed.DistInfo) -> _Parts
     torch.manual_seed(config.train.seed)
     recipe = build_recipe(config.precision)
     parallel = Parallelism(config.parallel, info)
-    model = build_model(config.model, info.device)
+    model = meta_model(config.model)
     params = count_parameters(model, config.model)  # before sharding and before the recipe renames any
-    parallel.shard_experts(model)
+    parallel.shard_experts(model)  # on the meta model: this rank allocates only its own experts
+    materialise(model, info.device)
     recipe.prepare(model)
     dp_model = parallel.wrap(model)  # FSDP2 replaces the parameters: before the optimizer takes them
     optimizer = build_optimizer(model, config.optim)
