@@ -14,6 +14,7 @@ from moe_dag.data.tokenizer import (
     load_tokenizer,
     save_tokenizer,
     train_tokenizer,
+    with_word_cache,
 )
 
 CODE = 'def mean(xs: list[float]) -> float:\n\t"""Average."""\r\n    return sum(xs) / max(len(xs), 1)  # ok\n'
@@ -74,3 +75,12 @@ def test_user_errors_raise_value_error(tokenizer, tmp_path: Path):
         load_pretrained_tokenizer("moe-dag-test/no-such-tokenizer")
     with pytest.raises(ValueError, match=re.escape("<|im_end|>")):
         eos_id(tokenizer, "<|im_end|>")
+
+
+def test_a_word_cached_copy_gives_the_same_ids_and_leaves_the_original(tokenizer):
+    texts = [CODE, PROSE, NON_ENGLISH, "", "<|endoftext|> inside a text"] * 3
+    before = tokenizer.to_str()
+    cached = with_word_cache(tokenizer)
+    assert cached is not tokenizer and tokenizer.to_str() == before
+    for ours, theirs in zip(cached.encode_batch(texts), tokenizer.encode_batch(texts), strict=True):
+        assert ours.ids == theirs.ids

@@ -14,6 +14,11 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 TOKENIZER_FILE = "tokenizer.json"
+# Words whose BPE merges the model remembers. The library's default, 10,000, fills early on real text and
+# then stops taking new words (it never evicts): on 4,000 stdlib documents 35,577 distinct words, and 13%
+# of the words met were encoded again from scratch; with room for every word, 2%. 2^18 entries are tens
+# of MB at most, and the cache changes no id.
+WORD_CACHE = 1 << 18
 
 
 @dataclass(kw_only=True)
@@ -85,6 +90,16 @@ def load_pretrained_tokenizer(name_or_path: str | Path) -> Tokenizer:
             f"(downloads are disabled: fetch it once with `hf download {name_or_path} {TOKENIZER_FILE}`)"
         )
     return Tokenizer.from_file(cached)
+
+
+def with_word_cache(tokenizer: Tokenizer) -> Tokenizer:
+    """A copy of `tokenizer` (same ids) whose model remembers up to WORD_CACHE words: the caller's own
+    tokenizer keeps the library's settings."""
+    copy = Tokenizer.from_str(tokenizer.to_str())
+    resize = getattr(copy.model, "_resize_cache", None)  # BPE and Unigram have one; WordPiece does not
+    if resize is not None:
+        resize(WORD_CACHE)
+    return copy
 
 
 def eos_id(tokenizer: Tokenizer, eos_token: str = TokenizerConfig.eos_token) -> int:
