@@ -193,12 +193,6 @@ SELECTION = [
 # fails): the heads' labels and samples are sized by the config (10 labels and 21 calibration documents
 # a source here, 123 rows), the catalog's results by stages and languages (about 160 rows).
 BOUND = 250
-OWNED_ELSEWHERE = {
-    "neutral_documents": "helper 1 (assets/evaluation.py, data/dedup) draws the neutral set in tasks",
-    "tokenizer": "helper 5 (assets/mixture.py, data/mixture) trains the tokenizer from tasks",
-    "tokenized_mixture": "helper 5 (assets/mixture.py, data/mixture) packs in tasks from a plan",
-    "unfiltered_mixture": "helper 5 (assets/mixture.py, data/mixture) packs in tasks from a plan",
-}
 
 
 class DriverReads:
@@ -354,24 +348,8 @@ def _rows(config: PipelineConfig, source: str) -> int:
     )
 
 
-def _cases() -> list:
-    return [
-        pytest.param(
-            key,
-            marks=[
-                pytest.mark.xfail(
-                    strict=True, reason=f"reads whole sources in the driver; {OWNED_ELSEWHERE[key]}"
-                )
-            ]
-            if key in OWNED_ELSEWHERE
-            else [],
-        )
-        for key in SELECTION
-    ]
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("asset", _cases())
+@pytest.mark.parametrize("asset", SELECTION)
 def test_an_asset_reads_a_bounded_number_of_rows_into_the_driver(driver_reads, asset):
     """Each materialisation of the asset (each partition), its checks included, reads at most BOUND rows
     into the Dagster process, fewer than any slice it could read whole."""

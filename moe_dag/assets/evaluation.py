@@ -29,7 +29,7 @@ from moe_dag.data.mixture.neutral import (
     write_exclusions,
 )
 from moe_dag.data.tokenizer import eos_id, load_tokenizer
-from moe_dag.orchestration.resources import PipelineResource
+from moe_dag.orchestration.resources import PipelineResource, RayResource
 
 SET_DOCUMENTS_STAGE = "evaluation_documents"
 
@@ -49,10 +49,11 @@ def evaluation_set_dirs(pipeline: PipelineResource) -> dict[str, Path]:
     deps=["raw_documents", "dedup_clusters"],
     metadata=operated(2, "evaluation.neutral_share", "source_names"),
 )
-def neutral_documents(pipeline: PipelineResource) -> dg.MaterializeResult:
+def neutral_documents(pipeline: PipelineResource, ray: RayResource) -> dg.MaterializeResult:
     """Each source's neutral evaluation sample, drawn from the raw documents by id hash before any filter
     decides, and every document training must leave out because of it (the sample, exact copies, dedup
-    cluster mates)."""
+    cluster mates). The raw files are read in Ray tasks (`ray` connects this run to the cluster)."""
+    del ray  # required for its connection: the library's tasks run wherever this process is connected
     lake, config = pipeline.lake, pipeline.config
     clusters = (
         lake.glob_pattern("dedup_clusters", partitioned=False) if lake.has_table("dedup_clusters") else None

@@ -27,10 +27,11 @@ REMIX = Refresh(population="scored_documents", threshold="refresh.remix_after_ch
     # the held-out cut comes from the mixture config
     metadata=operated(2, "tokenizer", "mixture", refresh=REMIX),
 )
-def tokenizer(pipeline: PipelineResource) -> dg.MaterializeResult:
+def tokenizer(pipeline: PipelineResource, ray: RayResource) -> dg.MaterializeResult:
     """A byte-level BPE tokenizer trained on the kept documents of training, streamed from the lake: the
     documents held out for evaluation (the mixture's cut, and the neutral set with its copies) never
-    reach it."""
+    reach it. The passes over the scored files run as Ray tasks (`ray` connects this run to the cluster)."""
+    del ray  # required for its connection: the library's tasks run wherever this process is connected
     config = pipeline.config
     trained = train_curated_tokenizer(pipeline.lake, config.source_names, config.mixture, config.tokenizer)
     return dg.MaterializeResult(
