@@ -48,7 +48,7 @@ def prefilter_spec() -> StageSpec:
         outputs=("prefiltered",),
         make_work=functools.partial(FilterWork, "prefiltered", make_filters),
         params=repr(config),
-        actor_pool=True,
+        warm=True,
     )
 
 

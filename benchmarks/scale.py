@@ -1,132 +1,202 @@
-"""Scale: do the dedup stages stay flat in memory and linear in time as the corpus grows?
+"""Scale: does every data stage stay flat in memory and linear in time as the corpus grows?
 
-Input: the demo corpus, ingested, its signatures computed once, then the whole of it repeated 1x, 4x and
-16x with new ids (`<id>~<copy>`, new shard keys), as signature files and as the `prefiltered` shards the
-apply stage reads (all documents kept). Each copy is an exact duplicate of the 1x text, as in issue 19's
-measurements.
+Input: the demo corpus (`--docs-per-source`, three sources) repeated 1x, 4x and 16x as raw shards. Copy 0
+is the corpus itself; copy c > 0 of a document has a new id (`<id>~<c>`) and its text spliced from the
+first half of the document and the second half of the c-th next document of the same shard (split at
+the line, else the word, nearest the middle). A copy shares about a third of its word 5-grams with any
+other copy or original, under the 0.8 Jaccard of the dedup stage, so every copy passes dedup like a new
+document and the stages after dedup grow with the corpus too (exact copies would leave them 1x work).
 
-1. Clustering (`dedup_clusters`): `cluster_partitioned` as Ray tasks on a local Ray of `--workers` CPUs,
-   against the named baseline `single_process`: today's `find_duplicate_clusters` (DuckDB and numpy
-   union-find in one process) on the same signature files. Both outputs are compared row for row.
-2. Apply (`deduplicated`): the stage's shard work (`DedupWork`, one cluster file per shard) on the same
-   Ray, every source one after another as the assets run them.
+Each scale runs every data stage from raw shards to packed sequences on a fresh lake, in a fresh process,
+on a local Ray of `--workers` CPUs, each stage as its asset runs it: the engine's `run_stage` with the
+stage's `StageSpec` for the per-source stages (the sources one after another), the library call of the
+asset for the others.
 
-Each scale runs in a fresh process: its peak RSS is the driver's; the largest worker's is the peak RSS
-sampled every 20 ms over the Ray worker processes below it. Fixed start-up is excluded from the times:
-Ray is started and one task per CPU has run (so every worker process exists and has imported the
-library) before the clock starts; what remains fixed per run (scheduling ~10 tasks per partition per
-step) is included, so small scales look cheap. `time_ratio_16x` is 16x over 1x of clustering plus apply.
+- `raw_documents`: `ingest_source`;
+- `prefiltered`: the perplexity fit in tasks (`fit_source_in_tasks`, stored), then the filters;
+- `minhash_signatures`, `deduplicated` (the shard's cluster file in step, `DedupWork`), `toxicity_filtered`;
+- `dedup_clusters`: `cluster_partitioned` with `--part-rows` rows a part (default 2,000, so parts, not a
+  task's memory, grow with these small corpora, as they do at scale with the library's 10^6);
+- `tokenizer`: `train_curated_tokenizer`; `tokenized_mixture`: `build_curated_mixture` (token shards per
+  scored shard by the engine, the index-level plan drawn here, the rows packed from it by tasks), with
+  the demo config's token budget times the scale, so packing grows with the corpus.
 
-3. Apply per batch against cluster count: a synthetic clusters table of 10^4 .. 10^6 rows (one source,
-   10,000 rows a shard file); ms per 2,048-row batch of today's path, `apply_dedup` against the source's
-   whole table as each actor held it (`baseline_whole_table`), and of `ShardClusters`, which reads only
-   the shard's file in step with the batch.
+Left out: scoring (the frozen backbone and the heads on CPU: about 40 documents a second on 2 cores, so
+hours at 16x, and it needs labels and trained heads). In its place, outside the totals, a stand-in
+`scored_documents` that keeps every document toxicity kept (the engine's `FilterWork` with no filters),
+for the tokenizer and the mixture to read. Also left out: the assets' metadata and checks (counts by
+tasks, DuckDB counts), and `neutral_documents` (no neutral set is drawn; nothing is excluded).
 
-Clustering runs with `--part-rows` rows a part (default 2,000, so parts, not the task's memory, grow
-with these small corpora as they do at scale with the library's default of 10^6).
+Measured per stage: seconds, the driver's largest RSS and the largest Ray worker process's peak RSS
+(sampled every 20 ms over the processes below the driver titled `ray::`); per scale, the driver's peak RSS
+over the whole run (`ru_maxrss`) and the largest worker's. Fixed start-up is excluded: Ray is started
+and one task per CPU has run (every worker process exists and has imported the library) before the first
+clock starts. What is fixed per stage run remains in the times (task scheduling, the language ID model and
+the toxicity classifier loading once per worker process), so small scales look cheap; the marginal
+cost per added document is the figure to scale with. `time_ratio_16x` is 16x over 1x of the sum over
+stages.
 
-Options: `--docs-per-source`, `--scales`, `--workers`, `--apply-clusters`, `--part-rows`; `--speedup`
-adds clustering and apply at the largest scale on 1 worker, for `speedup_2_workers`.
+Also, as before: each scale's partitioned clusters against the named baseline `single_process`
+(`find_duplicate_clusters`, DuckDB and a numpy union-find in one process, on the same signature files,
+compared row for row); ms per 2,048-row batch of the dedup apply against the cluster count (a synthetic
+clusters table of 10^4 .. 10^6 rows, 10,000 rows a shard file) for `ShardClusters` (the shard's file in
+step with the batch) and for the old `apply_dedup` against the source's whole table
+(`baseline_whole_table`); with `--speedup`, the whole pipeline at the largest scale on 1 worker, for
+`speedup_2_workers`.
+
+Options: `--docs-per-source`, `--scales`, `--workers`, `--apply-clusters`, `--part-rows`, `--speedup`,
+`--config`.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
+import gzip
 import json
 import os
 import posixpath
-import shutil
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
+import zstandard
 
-from moe_dag.data.dedup import MinHashConfig, ShardClusters, apply_dedup, compute_signatures
-from moe_dag.data.dedup.partitioned import CLUSTERS_STAGE, cluster_file_name, plan_parts
+from moe_dag.data.dedup import ShardClusters, apply_dedup
+from moe_dag.data.dedup.partitioned import CLUSTERS_STAGE, cluster_file_name
 from moe_dag.data.demo_corpus import DemoCorpusConfig, build_demo_corpus
-from moe_dag.data.ingest import ingest_source
 from moe_dag.data.lake import Lake
 
 BATCH_ROWS = 2048
 SHARD_ROWS = 10_000
 REPEATS = 9
 MIB = 1 << 20
+ROOT = Path(__file__).resolve().parent.parent
+# The stages measured, in the order they run; their times add up to the totals.
+STAGES = (
+    "raw_documents",
+    "prefiltered",
+    "minhash_signatures",
+    "dedup_clusters",
+    "deduplicated",
+    "toxicity_filtered",
+    "tokenizer",
+    "tokenized_mixture",
+)
+STAND_IN = "scored_documents"  # run between toxicity and the tokenizer, not counted
 
 
-def base_lake(work: Path, docs_per_source: int) -> tuple[Lake, list[str]]:
-    """The demo corpus ingested, with each raw shard's signatures beside it."""
-    build_demo_corpus(work / "corpus", DemoCorpusConfig(docs_per_source=docs_per_source, seed=0))
-    lake = Lake(work / "base")
-    sources = sorted(p.name for p in (work / "corpus").iterdir() if p.is_dir())
-    config = MinHashConfig()
+def _read_lines(path: Path) -> list[str]:
+    data = path.read_bytes()
+    data = (
+        zstandard.ZstdDecompressor().decompressobj().decompress(data)
+        if path.suffix == ".zst"
+        else gzip.decompress(data)
+    )
+    return data.decode("utf-8").splitlines()
+
+
+def _write_lines(path: Path, lines: list[str]) -> None:
+    data = ("\n".join(lines) + "\n").encode("utf-8")
+    path.write_bytes(
+        zstandard.ZstdCompressor().compress(data) if path.suffix == ".zst" else gzip.compress(data, mtime=0)
+    )
+
+
+def _halves(text: str) -> tuple[str, str]:
+    """The text cut at the line break nearest its middle, else at the space nearest it."""
+    middle = len(text) // 2
+    for separator in ("\n", " "):
+        cuts = [cut for cut in (text.rfind(separator, 0, middle), text.find(separator, middle)) if cut > 0]
+        if cuts:
+            cut = min(cuts, key=lambda i: abs(i - middle))
+            return text[:cut], text[cut:]
+    return text[:middle], text[middle:]
+
+
+def spliced_copy(lines: list[str], copy: int) -> list[str]:
+    """Copy `copy` of a shard's lines: each record's id suffixed, its text the first half of its own and
+    the second half of the record `copy` places on (module docstring). Lines that are not records (the
+    corpus's planted malformed lines) stay as they are, to be quarantined again."""
+    records = {}
+    for number, line in enumerate(lines):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("text"), str):
+            records[number] = record
+    numbers = sorted(records)
+    halves = [_halves(records[number]["text"]) for number in numbers]
+    out = list(lines)
+    for position, number in enumerate(numbers):
+        record = dict(records[number])
+        record["id"] = f"{record['id']}~{copy}"
+        record["text"] = halves[position][0] + halves[(position + copy) % len(numbers)][1]
+        out[number] = json.dumps(record, ensure_ascii=False)
+    for number, line in enumerate(lines):  # records without text keep their line, with a new id
+        if number not in records:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict) and "id" in record:
+                out[number] = json.dumps({**record, "id": f"{record['id']}~{copy}"}, ensure_ascii=False)
+    return out
+
+
+def repeated_corpus(corpus: Path, sources: list[str], copies: int, folder: Path) -> Path:
+    """The corpus's raw shards `copies` times: copy 0 as it is, the others spliced with new ids."""
     for source in sources:
-        ingest_source(lake, source, str(work / "corpus" / source), workers=0)
-        for path in lake.parquet_files("raw_documents", source):
-            key = posixpath.basename(path).removesuffix(".parquet")
-            signatures = compute_signatures(lake.read_file(path, ["id", "source", "text"]), config)
-            lake.write_file(signatures, lake.shard_path("minhash_signatures", source, key))
-    return lake, sources
-
-
-def repeated_lake(base: Lake, sources: list[str], copies: int, folder: Path) -> Lake:
-    """The base lake's documents and signatures `copies` times, each copy with new ids and shard keys."""
-    lake = Lake(folder)
-    for source in sources:
-        for path in base.parquet_files("raw_documents", source):
-            key = posixpath.basename(path).removesuffix(".parquet")
-            documents = base.read_file(path)
-            signatures = base.read_file(base.shard_path("minhash_signatures", source, key))
+        (folder / source).mkdir(parents=True, exist_ok=True)
+        for shard in sorted((corpus / source).iterdir()):
+            lines = _read_lines(shard)
+            stem, suffixes = shard.name.split(".", 1)
             for copy in range(copies):
-                for stage, table in (("prefiltered", documents), ("minhash_signatures", signatures)):
-                    renamed = table.set_column(
-                        table.schema.get_field_index("id"),
-                        "id",
-                        pc.binary_join_element_wise(table["id"], pa.scalar(f"~{copy}"), ""),
-                    )
-                    lake.write_file(renamed, lake.shard_path(stage, source, f"{key}-c{copy}"))
-    return lake
+                _write_lines(
+                    folder / source / f"{stem}-c{copy}.{suffixes}",
+                    spliced_copy(lines, copy) if copy else lines,
+                )
+    return folder
 
 
 MEASURE = r"""
-import json, resource, sys, time
+import json, sys
 sys.path.insert(0, {here!r})
-from scale import measure_scale
-print(json.dumps(measure_scale({lake!r}, {sources!r}, {workers!r}, {baseline!r}, {part_rows!r})))
+from scale import {function}
+print(json.dumps({function}(**{kwargs!r})))
 """
 
 
-def run_fresh(lake: Lake, sources: list[str], workers: int, baseline: bool, part_rows: int) -> dict:
-    here = str(Path(__file__).parent)
-    script = MEASURE.format(
-        here=here, lake=lake.url, sources=sources, workers=workers, baseline=baseline, part_rows=part_rows
-    )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+def run_fresh(function: str, **kwargs: object) -> dict:
+    """`function(**kwargs)` of this module in a fresh Python process (its own peak RSS, its own Ray)."""
+    script = MEASURE.format(here=str(Path(__file__).parent), function=function, kwargs=kwargs)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
     if done.returncode:
-        raise RuntimeError(f"measuring {lake.url} failed:\n{done.stderr[-3000:]}")
+        raise RuntimeError(f"{function}({kwargs}) failed:\n{done.stderr[-4000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-class WorkerPeak:
-    """Samples the RSS of every process below this one (Ray's raylet, its workers) and keeps the
-    largest single process's peak: Ray's worker processes (titled `ray::<task>`), not its daemons."""
+class Peaks:
+    """Samples every 20 ms the RSS of this process and of every process below it titled `ray::` (Ray's
+    worker processes, not its daemons), keeping the largest of each since the last `take`."""
 
     def __init__(self) -> None:
         import psutil
 
         self.psutil, self.me = psutil, psutil.Process()
-        self.peak = 0
+        self.worker = self.driver = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> WorkerPeak:
+    def __enter__(self) -> Peaks:
         self._thread.start()
         return self
 
@@ -134,86 +204,225 @@ class WorkerPeak:
         self._stop.set()
         self._thread.join()
 
+    def take(self) -> tuple[float, float]:
+        """(largest worker, driver) peaks in MiB since the last call, sampling once more first."""
+        self._sample()
+        peaks = self.worker / MIB, self.driver / MIB
+        self.worker = self.driver = 0
+        return peaks
+
     def _run(self) -> None:
         while not self._stop.wait(0.02):
-            for process in self.me.children(recursive=True):
-                try:
-                    if " ".join(process.cmdline()).startswith("ray::"):
-                        self.peak = max(self.peak, process.memory_info().rss)
-                except self.psutil.Error:
-                    continue
+            self._sample()
+
+    def _sample(self) -> None:
+        self.driver = max(self.driver, self.me.memory_info().rss)
+        for process in self.me.children(recursive=True):
+            try:
+                if " ".join(process.cmdline()).startswith("ray::"):
+                    self.worker = max(self.worker, process.memory_info().rss)
+            except self.psutil.Error:
+                continue
 
 
-def measure_scale(lake_url: str, sources: list[str], workers: int, baseline: bool, part_rows: int) -> dict:
-    """In a fresh process: clustering and apply on a warm local Ray; or, with `baseline`, today's
-    single-process clustering alone."""
+def measure_pipeline(
+    corpus: str, lake_dir: str, config_path: str, workers: int, part_rows: int, copies: int
+) -> dict:
+    """In a fresh process: every stage of the module docstring over `corpus` into a new lake at
+    `lake_dir`, on a warm local Ray of `workers` CPUs."""
     import resource
 
-    from moe_dag.data.dedup import cluster_partitioned, find_duplicate_clusters
-
-    lake = Lake(lake_url)
-    config = MinHashConfig()
-    documents = sum(
-        pq.ParquetFile(p).metadata.num_rows
-        for s in sources
-        for p in lake.parquet_files("minhash_signatures", s)
-    )
-    if baseline:
-        files = [posixpath.join(lake.dataset_dir("minhash_signatures", s), "*.parquet") for s in sources]
-        started = time.perf_counter()
-        clusters = find_duplicate_clusters(files, config, sources)
-        seconds = time.perf_counter() - started
-        written = lake.read_table(CLUSTERS_STAGE)
-        same = sorted(
-            clusters.select(["id", "cluster_id", "match"]).to_pylist(), key=lambda r: r["id"]
-        ) == sorted(written.select(["id", "cluster_id", "match"]).to_pylist(), key=lambda r: r["id"])
-        return {
-            "documents": documents,
-            "cluster_s": seconds,
-            "driver_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "equal_to_partitioned": same,
-        }
     import ray
 
-    from moe_dag.data.dedup import cluster_versions
-    from moe_dag.data.engine import RayConfig, StageSpec, connect, run_stage
-    from moe_dag.data.engine.shards import ShardInput
-    from moe_dag.data.engine.stages import DedupWork
+    from moe_dag.config import load_config
+    from moe_dag.data.dedup import cluster_partitioned
+    from moe_dag.data.dedup.partitioned import plan_parts, recorded_versions
+    from moe_dag.data.engine import RayConfig, StageSpec, connect, run_stage, upstream_inputs
+    from moe_dag.data.engine.stages import DedupWork, FilterWork, SignatureWork
+    from moe_dag.data.filters import build_prefilters, build_toxicity_filters
+    from moe_dag.data.fits import fit_source_in_tasks, settings_digest, store_fit, with_fit
+    from moe_dag.data.ingest import ingest_source
+    from moe_dag.data.mixture.curated import build_curated_mixture, train_curated_tokenizer
 
-    connect(RayConfig(num_cpus=workers))
-    # Every worker process started and the library imported, before the clock starts.
-    ray.get([ray.remote(plan_parts).remote([], 1) for _ in range(workers)])
-    result = {"documents": documents}
-    with WorkerPeak() as peak:
-        started = time.perf_counter()
-        clustered = cluster_partitioned(lake, sources, config, workers=workers, part_rows=part_rows)
-        result["cluster_s"] = time.perf_counter() - started
-    result.update(
-        cluster_worker_rss_mib=peak.peak / MIB,
-        rounds=clustered.rounds,
-        duplicates=clustered.report.duplicates,
-    )
-    shutil.rmtree(lake.dataset_dir("deduplicated"), ignore_errors=True)  # an earlier run's output
-    with WorkerPeak() as peak:
-        started = time.perf_counter()
-        for source in sources:
-            version = cluster_versions(
-                posixpath.join(lake.dataset_dir(CLUSTERS_STAGE), f"{source}.*.parquet")
+    config = load_config(config_path)
+    lake, names = Lake(lake_dir), config.source_names
+    blocks = config.ray.min_block_rows
+
+    def run(spec: StageSpec, source: str, inputs: list) -> object:
+        return run_stage(spec, lake, source, inputs, workers=workers, min_block_rows=blocks)
+
+    def per_source(make_spec: Callable[[object], StageSpec], upstream: str) -> Callable[[], dict]:
+        def stage() -> dict:
+            documents = 0
+            for source in config.sources:
+                documents += run(
+                    make_spec(source), source.name, upstream_inputs(lake, upstream, source.name)
+                ).documents_run
+            return {"documents": documents}
+
+        return stage
+
+    def ingest() -> dict:
+        runs = [ingest_source(lake, name, str(Path(corpus) / name), workers=workers) for name in names]
+        return {
+            "documents": sum(r.counts.get("records", 0) for r in runs),
+            "kept": sum(r.counts.get("kept", 0) for r in runs),
+        }
+
+    def prefilter() -> dict:
+        documents, fit_s = 0, 0.0
+        for source in config.sources:  # as moe_dag/assets/prefilter.py, on a lake with no earlier fit
+            settings = config.prefilter_for(source)
+            filters = build_prefilters(settings, source.kind, source.languages)
+            started = time.perf_counter()
+            fit = fit_source_in_tasks(
+                filters,
+                lake,
+                "raw_documents",
+                source.name,
+                settings.perplexity.sample_documents,
+                settings_digest((settings, source.kind, source.languages)),
+                workers=workers,
             )
+            store_fit(lake, "prefiltered", source.name, fit)
+            fit_s += time.perf_counter() - started
+            spec = StageSpec(
+                outputs=("prefiltered",),
+                make_work=functools.partial(
+                    FilterWork, "prefiltered", functools.partial(list, with_fit(filters, fit))
+                ),
+                params=repr((settings, source.kind, source.languages, fit.version)),
+                warm=source.languages is not None,
+            )
+            documents += run(
+                spec, source.name, upstream_inputs(lake, "raw_documents", source.name)
+            ).documents_run
+        return {"documents": documents, "fit_s": round(fit_s, 3)}
+
+    def cluster() -> dict:
+        clustered = cluster_partitioned(lake, names, config.dedup, workers=workers, part_rows=part_rows)
+        return {
+            "documents": clustered.rows,
+            "rounds": clustered.rounds,
+            "duplicates": clustered.report.duplicates,
+        }
+
+    def dedup_apply() -> dict:
+        recorded = recorded_versions(lake)
+        documents = 0
+        for name in names:  # as moe_dag/assets/dedup.py, every cluster file's version recorded
+            versions = {
+                key.removeprefix(f"{name}.").removesuffix(".parquet"): version
+                for key, version in recorded.items()
+                if key.startswith(f"{name}.")
+            }
+            inputs = [
+                dataclasses.replace(shard, fingerprint=f"{shard.fingerprint} {versions[shard.key]}")
+                for shard in upstream_inputs(lake, "prefiltered", name)
+            ]
             spec = StageSpec(
                 outputs=("deduplicated",),
-                make_work=functools.partial(DedupWork, version[source]),
-                params=version[source],
+                make_work=functools.partial(DedupWork, versions),
+                params="shard cluster versions",
             )
-            inputs = [
-                ShardInput(key=posixpath.basename(p).removesuffix(".parquet"), path=p, fingerprint="scale")
-                for p in lake.parquet_files("prefiltered", source)
-            ]
-            run_stage(spec, lake, source, inputs, workers=workers)
-        result["apply_s"] = time.perf_counter() - started
-    result["apply_worker_rss_mib"] = peak.peak / MIB
+            documents += run(spec, name, inputs).documents_run
+        return {"documents": documents}
+
+    mixture = dataclasses.replace(config.mixture, total_tokens=config.mixture.total_tokens * copies)
+
+    def tokenizer() -> dict:
+        return {"documents": train_curated_tokenizer(lake, names, mixture, config.tokenizer).documents}
+
+    def pack() -> dict:
+        report, _ = build_curated_mixture(lake, names, mixture, run)
+        return {"tokens": report["total_tokens"], "sequences": report["num_sequences"]}
+
+    stages = {
+        "raw_documents": ingest,
+        "prefiltered": prefilter,
+        "minhash_signatures": per_source(
+            lambda source: StageSpec(
+                outputs=("minhash_signatures",),
+                make_work=functools.partial(SignatureWork, config.dedup),
+                params=repr(config.dedup),
+            ),
+            "prefiltered",
+        ),
+        "dedup_clusters": cluster,
+        "deduplicated": dedup_apply,
+        "toxicity_filtered": per_source(
+            lambda source: StageSpec(
+                outputs=("toxicity_filtered",),
+                make_work=functools.partial(
+                    FilterWork,
+                    "toxicity_filtered",
+                    functools.partial(build_toxicity_filters, config.toxicity, source.kind),
+                ),
+                params=repr((config.toxicity, source.kind)),
+                warm=True,
+            ),
+            "deduplicated",
+        ),
+        STAND_IN: per_source(
+            lambda source: StageSpec(
+                outputs=(STAND_IN,),
+                make_work=functools.partial(FilterWork, STAND_IN, list),  # no filters: keeps every row
+                params="stand-in for scoring",
+            ),
+            "toxicity_filtered",
+        ),
+        "tokenizer": tokenizer,
+        "tokenized_mixture": pack,
+    }
+
+    connect(RayConfig(num_cpus=workers))
+    # Every worker process started and the library imported, before the first clock starts.
+    ray.get([ray.remote(plan_parts).remote([], 1) for _ in range(workers)])
+    result: dict = {"stages": {}}
+    with Peaks() as peaks:
+        peaks.take()
+        for name, stage in stages.items():
+            started = time.perf_counter()
+            figures = stage()
+            seconds = time.perf_counter() - started
+            worker_mib, driver_mib = peaks.take()
+            result["stages"][name] = {
+                "s": round(seconds, 3),
+                "worker_rss_mib": round(worker_mib, 1),
+                "driver_rss_mib": round(driver_mib, 1),
+                **figures,
+            }
+    result["documents"] = result["stages"]["raw_documents"]["documents"]
     result["driver_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    result["worker_rss_mib"] = max(s["worker_rss_mib"] for s in result["stages"].values())
     return result
+
+
+def measure_reference(lake_dir: str, config_path: str) -> dict:
+    """In a fresh process: the single-process clustering on the lake's signature files, against the
+    partitioned clusters written there."""
+    import resource
+
+    from moe_dag.config import load_config
+    from moe_dag.data.dedup import find_duplicate_clusters
+
+    config = load_config(config_path)
+    lake, names = Lake(lake_dir), config.source_names
+    files = [posixpath.join(lake.dataset_dir("minhash_signatures", name), "*.parquet") for name in names]
+    started = time.perf_counter()
+    clusters = find_duplicate_clusters(files, config.dedup, names)
+    seconds = time.perf_counter() - started
+    written = lake.read_table(CLUSTERS_STAGE)
+    key = lambda row: row["id"]  # noqa: E731
+    columns = ["id", "cluster_id", "match"]
+    same = sorted(clusters.select(columns).to_pylist(), key=key) == sorted(
+        written.select(columns).to_pylist(), key=key
+    )
+    return {
+        "cluster_s": seconds,
+        "driver_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "equal_to_partitioned": same,
+    }
 
 
 def apply_per_batch(
@@ -262,6 +471,95 @@ def apply_per_batch(
     return whole, in_step
 
 
+def stage_s(stage: str, row: dict) -> float:
+    return row["stages"][stage]["s"]
+
+
+def total_s(row: dict) -> float:
+    return sum(stage_s(stage, row) for stage in STAGES)
+
+
+def marginal_ms(measured: dict[int, dict], seconds: Callable[[dict], float]) -> dict[str, float]:
+    """Seconds per added raw document between consecutive scales, in ms: flat when the cost is linear."""
+    scales = sorted(measured)
+    return {
+        f"{a}x-{b}x": round(
+            (seconds(measured[b]) - seconds(measured[a]))
+            / (measured[b]["documents"] - measured[a]["documents"])
+            * 1000,
+            4,
+        )
+        for a, b in zip(scales, scales[1:], strict=False)
+    }
+
+
+def summarise(measured: dict[int, dict], one_worker: dict | None, workers: int, per_batch: dict) -> dict:
+    scales = sorted(measured)
+    first, last, top = measured[scales[0]], measured[scales[-1]], f"{scales[-1]}x"
+    stages: dict = {}
+    for stage in (*STAGES, STAND_IN):
+        of = functools.partial(stage_s, stage)
+        stages[stage] = {
+            "s": {str(k): v["stages"][stage]["s"] for k, v in measured.items()},
+            "documents": {str(k): v["stages"][stage].get("documents") for k, v in measured.items()},
+            "worker_rss_mib": {str(k): v["stages"][stage]["worker_rss_mib"] for k, v in measured.items()},
+            "driver_rss_mib": {str(k): v["stages"][stage]["driver_rss_mib"] for k, v in measured.items()},
+            f"time_ratio_{top}": round(of(last) / of(first), 3),
+            "marginal_ms_per_document": marginal_ms(measured, of),
+        }
+        if one_worker is not None:
+            stages[stage][f"speedup_{workers}_workers"] = round(
+                one_worker["stages"][stage]["s"] / of(last), 3
+            )
+    stages["prefiltered"]["fit_s"] = {
+        str(k): v["stages"]["prefiltered"]["fit_s"] for k, v in measured.items()
+    }
+    summary = {
+        "bench": "scale",
+        "baseline": "single_process",
+        "workers": workers,
+        "scales": scales,
+        "documents": {str(k): v["documents"] for k, v in measured.items()},
+        "total_s": {str(k): round(total_s(v), 3) for k, v in measured.items()},
+        "driver_rss_mib": {str(k): round(v["driver_rss_mib"], 1) for k, v in measured.items()},
+        "worker_rss_mib": {str(k): round(v["worker_rss_mib"], 1) for k, v in measured.items()},
+        f"driver_rss_ratio_{top}": round(last["driver_rss_mib"] / first["driver_rss_mib"], 3),
+        f"worker_rss_ratio_{top}": round(last["worker_rss_mib"] / first["worker_rss_mib"], 3),
+        f"time_ratio_{top}": round(total_s(last) / total_s(first), 3),
+        "marginal_ms_per_document": marginal_ms(measured, total_s),
+        "equal_to_single_process": all(v["reference"]["equal_to_partitioned"] for v in measured.values()),
+        "baseline_cluster_s": {str(k): round(v["reference"]["cluster_s"], 3) for k, v in measured.items()},
+        "baseline_rss_mib": {str(k): round(v["reference"]["driver_rss_mib"], 1) for k, v in measured.items()},
+        "stages": stages,
+        "apply_ms_per_batch": {str(k): round(v[1], 2) for k, v in per_batch.items()},
+        "baseline_apply_ms_per_batch": {str(k): round(v[0], 2) for k, v in per_batch.items()},
+    }
+    if one_worker is not None:
+        summary[f"speedup_{workers}_workers"] = round(total_s(one_worker) / total_s(last), 3)
+        summary["speedup_documents"] = last["documents"]
+    if 10**6 in per_batch:
+        summary["dedup_apply_ms_per_batch_at_1e6_clusters"] = round(per_batch[10**6][1], 2)
+        summary["baseline_dedup_apply_ms_per_batch_at_1e6_clusters"] = round(per_batch[10**6][0], 2)
+    return summary
+
+
+def describe(copies: int, row: dict) -> str:
+    reference = row["reference"]
+    lines = [
+        f"{copies:>2}x {row['documents']:>7} raw documents: {total_s(row):.1f} s over the stages; peak RSS "
+        f"driver {row['driver_rss_mib']:.0f} MiB, largest worker {row['worker_rss_mib']:.0f} MiB; clusters "
+        f"equal to the single process's: {reference['equal_to_partitioned']} "
+        f"(it took {reference['cluster_s']:.2f} s)"
+    ]
+    for stage, figures in row["stages"].items():
+        note = " (stand-in, not counted)" if stage == STAND_IN else ""
+        lines.append(
+            f"    {stage:<20} {figures['s']:8.2f} s  worker {figures['worker_rss_mib']:6.0f} MiB  driver "
+            f"{figures['driver_rss_mib']:6.0f} MiB{note}"
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--docs-per-source", type=int, default=1000)
@@ -270,97 +568,60 @@ def main() -> None:
     parser.add_argument("--apply-clusters", default="10000,100000,1000000")
     parser.add_argument("--part-rows", type=int, default=2000)
     parser.add_argument("--speedup", action="store_true")
+    parser.add_argument("--config", default=str(ROOT / "configs" / "demo.yaml"))
     args = parser.parse_args()
     scales = [int(s) for s in args.scales.split(",")]
+    config = str(Path(args.config).resolve())
 
-    summary: dict = {"bench": "scale", "baseline": "single_process", "workers": args.workers}
     with tempfile.TemporaryDirectory(prefix="scale-") as folder:
         work = Path(folder)
-        base, sources = base_lake(work, args.docs_per_source)
+        build_demo_corpus(work / "corpus", DemoCorpusConfig(docs_per_source=args.docs_per_source, seed=0))
+        sources = sorted(p.name for p in (work / "corpus").iterdir() if p.is_dir())
         measured = {}
         for copies in scales:
-            lake = repeated_lake(base, sources, copies, work / f"lake-{copies}x")
-            row = run_fresh(lake, sources, args.workers, baseline=False, part_rows=args.part_rows)
-            row["baseline"] = run_fresh(lake, sources, args.workers, baseline=True, part_rows=args.part_rows)
-            measured[copies] = row
-            b = row["baseline"]
-            print(
-                f"{copies:>2}x {row['documents']:>7} documents: clustering {row['cluster_s']:.2f} s "
-                f"({row['rounds']} label rounds; single process {b['cluster_s']:.2f} s, equal: "
-                f"{b['equal_to_partitioned']}), apply {row['apply_s']:.2f} s; peak RSS driver "
-                f"{row['driver_rss_mib']:.0f} MiB (single process {b['driver_rss_mib']:.0f}), largest worker "
-                f"{row['cluster_worker_rss_mib']:.0f} MiB clustering, "
-                f"{row['apply_worker_rss_mib']:.0f} MiB apply"
+            corpus = repeated_corpus(work / "corpus", sources, copies, work / f"corpus-{copies}x")
+            lake = str(work / f"lake-{copies}x")
+            row = run_fresh(
+                "measure_pipeline",
+                corpus=str(corpus),
+                lake_dir=lake,
+                config_path=config,
+                workers=args.workers,
+                part_rows=args.part_rows,
+                copies=copies,
             )
+            row["reference"] = run_fresh("measure_reference", lake_dir=lake, config_path=config)
+            measured[copies] = row
+            print(describe(copies, row), flush=True)
+        one_worker = None
         if args.speedup:
             largest = scales[-1]
-            one = run_fresh(
-                Lake(work / f"lake-{largest}x"), sources, 1, baseline=False, part_rows=args.part_rows
+            one_worker = run_fresh(
+                "measure_pipeline",
+                corpus=str(work / f"corpus-{largest}x"),
+                lake_dir=str(work / f"lake-{largest}x-1-worker"),
+                config_path=config,
+                workers=1,
+                part_rows=args.part_rows,
+                copies=largest,
             )
-            both = measured[largest]
-            speedup = (one["cluster_s"] + one["apply_s"]) / (both["cluster_s"] + both["apply_s"])
             print(
-                f"{largest}x on 1 worker: clustering {one['cluster_s']:.2f} s, apply {one['apply_s']:.2f} s"
+                f"{largest}x on 1 worker: {total_s(one_worker):.1f} s over the stages, against "
+                f"{total_s(measured[largest]):.1f} s on {args.workers}",
+                flush=True,
             )
-            summary[f"speedup_{args.workers}_workers"] = round(speedup, 3)
-            summary["speedup_documents"] = both["documents"]
 
-        sizes = [int(c) for c in args.apply_clusters.split(",")]
         per_batch = {}
-        for clusters in sizes:
+        for clusters in [int(c) for c in args.apply_clusters.split(",")]:
             whole, in_step = apply_per_batch(work, clusters, baseline_batches=2 if clusters >= 10**6 else 5)
             per_batch[clusters] = (whole, in_step)
             print(
                 f"apply at {clusters:>9} cluster rows: {in_step:6.1f} ms per {BATCH_ROWS}-row batch "
-                f"(whole table per actor: {whole:8.1f} ms)"
+                f"(whole table per actor: {whole:8.1f} ms)",
+                flush=True,
             )
 
-    first, last = measured[scales[0]], measured[scales[-1]]
-    total = lambda row: row["cluster_s"] + row["apply_s"]  # noqa: E731
-    summary.update(
-        {
-            "scales": scales,
-            "documents": {str(k): v["documents"] for k, v in measured.items()},
-            "cluster_s": {str(k): round(v["cluster_s"], 3) for k, v in measured.items()},
-            "apply_s": {str(k): round(v["apply_s"], 3) for k, v in measured.items()},
-            "baseline_cluster_s": {str(k): round(v["baseline"]["cluster_s"], 3) for k, v in measured.items()},
-            "driver_rss_mib": {str(k): round(v["driver_rss_mib"], 1) for k, v in measured.items()},
-            "baseline_rss_mib": {
-                str(k): round(v["baseline"]["driver_rss_mib"], 1) for k, v in measured.items()
-            },
-            "worker_rss_mib": {
-                str(k): round(max(v["cluster_worker_rss_mib"], v["apply_worker_rss_mib"]), 1)
-                for k, v in measured.items()
-            },
-            "equal_to_single_process": all(v["baseline"]["equal_to_partitioned"] for v in measured.values()),
-            f"driver_rss_ratio_{scales[-1]}x": round(last["driver_rss_mib"] / first["driver_rss_mib"], 3),
-            f"worker_rss_ratio_{scales[-1]}x": round(
-                max(last["cluster_worker_rss_mib"], last["apply_worker_rss_mib"])
-                / max(first["cluster_worker_rss_mib"], first["apply_worker_rss_mib"]),
-                3,
-            ),
-            f"time_ratio_{scales[-1]}x": round(total(last) / total(first), 3),
-            # Time per added document between consecutive scales: flat when the cost is linear.
-            "marginal_ms_per_document": {
-                f"{a}x-{b}x": round(
-                    (total(measured[b]) - total(measured[a]))
-                    / (measured[b]["documents"] - measured[a]["documents"])
-                    * 1000,
-                    4,
-                )
-                for a, b in zip(scales, scales[1:], strict=False)
-            },
-            f"baseline_time_ratio_{scales[-1]}x": round(
-                last["baseline"]["cluster_s"] / first["baseline"]["cluster_s"], 3
-            ),
-            "apply_ms_per_batch": {str(k): round(v[1], 2) for k, v in per_batch.items()},
-            "baseline_apply_ms_per_batch": {str(k): round(v[0], 2) for k, v in per_batch.items()},
-        }
-    )
-    if 10**6 in per_batch:
-        summary["dedup_apply_ms_per_batch_at_1e6_clusters"] = round(per_batch[10**6][1], 2)
-        summary["baseline_dedup_apply_ms_per_batch_at_1e6_clusters"] = round(per_batch[10**6][0], 2)
-    print(json.dumps(summary))
+    print(json.dumps(summarise(measured, one_worker, args.workers, per_batch)))
 
 
 if __name__ == "__main__":

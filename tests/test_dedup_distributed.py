@@ -4,6 +4,7 @@ cluster files feed `deduplicated` shard by shard."""
 
 from __future__ import annotations
 
+import posixpath
 import random
 
 import numpy as np
@@ -20,6 +21,7 @@ from moe_dag.data.dedup import (
     cluster_versions,
     compute_signatures,
     find_duplicate_clusters,
+    shard_cluster_version,
 )
 from moe_dag.data.dedup.clusters import _components
 from moe_dag.data.dedup.partitioned import (
@@ -32,6 +34,7 @@ from moe_dag.data.dedup.partitioned import (
     edge_partition,
     merge_labels,
     recorded_arrivals,
+    recorded_versions,
     signature_files,
 )
 from moe_dag.data.dedup.report import duplicate_report
@@ -133,6 +136,10 @@ def test_rewriting_removes_cluster_files_of_gone_shards(tmp_path):
     result = cluster_partitioned(lake, SOURCES, CONFIG, parts=2)
     assert sorted(lake.parquet_files("dedup_clusters")) == sorted(result.files)
     assert cluster_file_name("web", "s2") not in " ".join(result.files)
+    # The versions recorded beside the files are the files' own, one for each file there is.
+    assert recorded_versions(lake) == {
+        posixpath.basename(path): shard_cluster_version(path, lake.fs) for path in result.files
+    }
 
 
 def label_parts(sizes: list[int]) -> list[Part]:

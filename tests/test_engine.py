@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -63,7 +64,7 @@ def prefilter_spec(languages=("en",)) -> StageSpec:
         outputs=("prefiltered",),
         make_work=functools.partial(FilterWork, "prefiltered", make_filters),
         params=repr((config, languages)),
-        actor_pool=True,
+        warm=True,
     )
 
 
@@ -131,6 +132,68 @@ def test_an_unopenable_shard_fails_naming_its_file_while_bad_lines_reach_quarant
     assert sorted(lake.records("raw_documents", "web")) == ["shard-000", "shard-001"]  # the others are done
     bad = lake.read_table("quarantine", "web").to_pylist()
     assert [(row["shard"], row["line"]) for row in bad] == [(str(corpus / "shard-000.jsonl"), 6)]
+
+
+def counting_spec(warm: bool, dies_on: str | None = None) -> StageSpec:
+    """A stage that copies its input and says, per shard, which build of its work (process and build)
+    did it; with `dies_on`, the worker process exits on that shard, as one killed for its memory would."""
+    from moe_dag.data.engine import ShardWork
+    from moe_dag.data.engine.stages import kept_batches
+
+    class CountingWork(ShardWork):  # local, so Ray's workers get it by value
+        def __init__(self) -> None:
+            self.build = f"{os.getpid()}:{uuid.uuid4().hex}"
+
+        def process(self, shard, out):
+            if shard.key == dies_on:
+                os._exit(1)
+            writer, documents = out.table("prefiltered"), 0
+            for batch in kept_batches(shard, out):
+                writer.write(batch)
+                documents += batch.num_rows
+            return {"documents": documents, "builds": {self.build: 1}}
+
+    return StageSpec(outputs=("prefiltered",), make_work=CountingWork, warm=warm)
+
+
+def builds_by_process(lake: Lake, sources: list[str]) -> dict[str, set[str]]:
+    found: dict[str, set[str]] = {}
+    for source in sources:
+        for record in lake.records("prefiltered", source).values():
+            for build in record["counts"]["builds"]:
+                found.setdefault(build.split(":")[0], set()).add(build)
+    return found
+
+
+def test_a_warm_work_is_built_once_per_worker_process_across_stage_runs(tmp_path, local_ray):
+    """Two stage runs (two sources) of a warm spec: each worker process builds the work once and keeps
+    it; a cold spec builds it for every shard."""
+    lake = ingested(tmp_path, "lake")
+    ingest_source(lake, "more", str(tmp_path / "corpus"), workers=0)
+    spec = counting_spec(warm=True)
+    for source in ("web", "more"):
+        run_stage(spec, lake, source, upstream_inputs(lake, "raw_documents", source))
+    warm = builds_by_process(lake, ["web", "more"])
+    assert all(len(builds) == 1 for builds in warm.values()), warm
+    # The second run's shards were done by the works the first run built: no process started for it.
+    assert set().union(*builds_by_process(lake, ["more"]).values()) <= set().union(
+        *builds_by_process(lake, ["web"]).values()
+    )
+
+    cold = ingested(tmp_path, "cold")
+    run_stage(counting_spec(warm=False), cold, "web", upstream_inputs(cold, "raw_documents", "web"))
+    assert sum(map(len, builds_by_process(cold, ["web"]).values())) == 6  # one build per shard
+
+
+def test_a_shard_that_kills_its_worker_fails_naming_its_file(tmp_path, local_ray):
+    lake = ingested(tmp_path, "lake", shards=3, docs=4)
+    inputs = upstream_inputs(lake, "raw_documents", "web")
+    with pytest.raises(ShardStageError, match="1 of 3 shards failed") as failure:
+        run_stage(counting_spec(warm=True, dies_on="shard-001"), lake, "web", inputs, workers=2)
+    assert f"shard {lake.shard_path('raw_documents', 'web', 'shard-001')}: its worker failed" in str(
+        failure.value
+    )
+    assert sorted(lake.records("prefiltered", "web")) == ["shard-000", "shard-002"]  # the others are done
 
 
 SLOW_STAGE = """
@@ -274,7 +337,7 @@ def fitted_prefilter_spec(lake: Lake) -> StageSpec:
         outputs=("prefiltered",),
         make_work=functools.partial(FilterWork, "prefiltered", functools.partial(list, filters)),
         params=repr(config),
-        actor_pool=True,
+        warm=True,
     )
 
 
@@ -289,8 +352,9 @@ def signature_spec() -> StageSpec:
 
 @pytest.mark.slow
 def test_one_large_shard_split_into_blocks_equals_the_unsplit_run(tmp_path, local_ray):
-    """A source of one shard keeps two workers busy: its blocks run as tasks (signatures) or on an
-    actor pool (the prefilter), and the joined file and record equal the unsplit run's."""
+    """A source of one shard keeps two workers busy: its blocks run as tasks, with the work built per
+    block (signatures) or kept by the worker (the prefilter), and the joined file and record equal the
+    unsplit run's."""
     whole, blocks = big_shard(tmp_path, "whole"), big_shard(tmp_path, "blocks")
     prefilter = fitted_prefilter_spec(whole)
     for lake, workers, min_block_rows in ((whole, 0, None), (blocks, 2, 1000)):

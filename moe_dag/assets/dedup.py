@@ -46,7 +46,7 @@ from moe_dag.data.dedup.clusters import (
     file_built_from_versions,
     file_cluster_version,
 )
-from moe_dag.data.dedup.partitioned import CLUSTERS_STAGE
+from moe_dag.data.dedup.partitioned import CLUSTERS_STAGE, recorded_versions
 from moe_dag.data.dedup.report import DuplicateReport
 from moe_dag.data.engine import StageSpec
 from moe_dag.data.engine.cluster import cluster_cpus
@@ -165,7 +165,11 @@ def deduplicated(
     for shard in upstream_inputs(lake, "prefiltered", source):
         clusters = versions.get(shard.key, EMPTY_VERSION)
         inputs.append(dataclasses.replace(shard, fingerprint=f"{shard.fingerprint} {clusters}"))
-    spec = StageSpec(outputs=("deduplicated",), make_work=DedupWork, params="shard cluster versions")
+    spec = StageSpec(
+        outputs=("deduplicated",),
+        make_work=functools.partial(DedupWork, versions),
+        params="shard cluster versions",
+    )
     run = ray.run_stage(context, spec, lake, source, inputs)
     version = _built_from(lake, source)
     context.log.info(f"deduplicated[{source}] built from cluster version {version}")
@@ -173,11 +177,15 @@ def deduplicated(
 
 
 def _shard_versions(lake: Lake, source: str) -> dict[str, str]:
-    """Shard key -> the version of its cluster file, each read by a task."""
+    """Shard key -> the version of its cluster file, as the clustering recorded them; files it did not
+    record (a lake clustered before it did) read by tasks."""
     files = lake.files_matching(lake.dataset_dir(CLUSTERS_STAGE), f"{source}.*.parquet")
-    versions = map_tasks(functools.partial(file_cluster_version, lake.url), files)
-    keys = [posixpath.basename(path).removeprefix(f"{source}.").removesuffix(".parquet") for path in files]
-    return dict(zip(keys, versions, strict=True))
+    names = [posixpath.basename(path) for path in files]
+    recorded = recorded_versions(lake) or {}
+    unrecorded = [(name, path) for name, path in zip(names, files, strict=True) if name not in recorded]
+    read = map_tasks(functools.partial(file_cluster_version, lake.url), [path for _, path in unrecorded])
+    versions = recorded | dict(zip([name for name, _ in unrecorded], read, strict=True))
+    return {name.removeprefix(f"{source}.").removesuffix(".parquet"): versions[name] for name in names}
 
 
 def _built_from(lake: Lake, source: str) -> str:

@@ -70,7 +70,7 @@ def prefiltered(
         outputs=("prefiltered",),
         make_work=functools.partial(FilterWork, "prefiltered", functools.partial(list, filters)),
         params=repr((config, source.kind, source.languages, fit.version)),
-        actor_pool=source.languages is not None,  # the language ID model loads once per actor
+        warm=source.languages is not None,  # the language ID model loads once per worker process
     )
     run = run_source_stage(context, pipeline, ray, spec, "raw_documents")
     extra = {

@@ -66,7 +66,7 @@ def scored_documents(
         # Shards scored by the current heads with the current thresholds are not scored again; a new
         # heads version or new thresholds rescore every shard.
         params=repr((stored.version, stored.thresholds[source])),
-        actor_pool=True,  # backbone and heads load once per actor
+        warm=True,  # backbone and heads load once per worker process
         num_gpus=ray.scoring_gpus,
     )
     run = run_source_stage(context, pipeline, ray, spec, "toxicity_filtered")

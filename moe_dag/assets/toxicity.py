@@ -33,7 +33,7 @@ def toxicity_filtered(
         outputs=("toxicity_filtered",),
         make_work=functools.partial(FilterWork, "toxicity_filtered", make_filters),
         params=repr((config, source.kind)),
-        actor_pool=True,  # the classifier loads once per actor
+        warm=True,  # the classifier loads once per worker process
     )
     run = run_source_stage(context, pipeline, ray, spec, "deduplicated")
     filters = run.counts.get("filters", {})

@@ -25,7 +25,8 @@ steps, each a task per partition whose outputs are split for the next step (a ha
    back to each member.
 6. Write (per part): one `CLUSTER_SCHEMA` file per signature file, rows in the signature file's order,
    so the stage that applies them reads exactly the file of the shard it processes
-   (`cluster_file_name`).
+   (`cluster_file_name`), and each file's version (`shard_cluster_version`), which the driver writes
+   to `<lake>/dedup_clusters/versions.json` once every file is in (`recorded_versions`).
 
 Arrival: a signature file's arrival is the clustering that first saw it (0 for the files of the first,
 1 for those new at the next, ...), recorded in `<lake>/dedup_clusters/arrival.json`. Within a source a
@@ -56,7 +57,9 @@ import pyarrow.parquet as pq
 
 from moe_dag.data.dedup.clusters import (
     CLUSTER_SCHEMA,
+    EMPTY_VERSION,
     _components,
+    cluster_versions,
     format_versions,
     pair_similarity,
     similarity_column,
@@ -70,6 +73,9 @@ CLUSTERS_STAGE = "dedup_clusters"
 SIGNATURES_STAGE = "minhash_signatures"
 # In the clusters' folder: cluster file name -> the clustering that first saw the shard.
 ARRIVAL_FILE = "arrival.json"
+# In the clusters' folder: cluster file name -> its version (`shard_cluster_version`), written with the
+# files, so that `deduplicated` reads one small file instead of every cluster file of its source.
+VERSIONS_FILE = "versions.json"
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 # Rows per part: a part's signatures (~0.5 KB a row) and its shuffle shares fit a task in ~2 GB.
 PART_ROWS = 1_000_000
@@ -130,6 +136,14 @@ def recorded_arrivals(lake: Lake) -> dict[str, int]:
     return {posixpath.basename(p): 0 for p in lake.parquet_files(CLUSTERS_STAGE)}
 
 
+def recorded_versions(lake: Lake) -> dict[str, str] | None:
+    """Cluster file name -> its version, as the last clustering wrote them; None when no finished
+    clustering wrote them (a lake clustered before they were, or a clustering that stopped half way,
+    which removes them first): then read them from the files (`shard_cluster_version`)."""
+    path = posixpath.join(lake.dataset_dir(CLUSTERS_STAGE), VERSIONS_FILE)
+    return json.loads(lake.fs.cat_file(path)) if lake.fs.exists(path) else None
+
+
 def with_arrivals(files: Sequence[SignatureFile], recorded: dict[str, int]) -> list[SignatureFile]:
     """`files` with their recorded arrival; the files new since then arrive together, after the rest."""
     new = max(recorded.values(), default=-1) + 1
@@ -170,6 +184,9 @@ def cluster_partitioned(
     connected Ray. Parts (unless `parts` is given) hold about `part_rows` rows, at least one per worker:
     a task's memory follows the part, not the corpus. Shuffle partitions default to the parts' count."""
     files = with_arrivals(signature_files(lake, sources), recorded_arrivals(lake))
+    folder = lake.dataset_dir(CLUSTERS_STAGE)
+    if lake.fs.exists(versions_path := posixpath.join(folder, VERSIONS_FILE)):
+        lake.fs.rm(versions_path)  # from here until the new files are all written, it would be wrong
     wanted = parts or max(1, workers, -(-sum(f.rows for f in files) // part_rows))
     planned = plan_parts(files, wanted)
     shuffles = shuffle_partitions or len(planned)
@@ -227,12 +244,13 @@ def cluster_partitioned(
             versions[source] = (total + count, xor ^ digest)
     paths = [path for part in written for path in part["files"]]
     arrivals = {cluster_file_name(f.source, f.key): f.arrival for f in files}
-    lake.fs.makedirs(lake.dataset_dir(CLUSTERS_STAGE), exist_ok=True)
+    lake.fs.makedirs(folder, exist_ok=True)
     lake.fs.pipe_file(
-        posixpath.join(lake.dataset_dir(CLUSTERS_STAGE), ARRIVAL_FILE),
-        json.dumps(arrivals, indent=0, sort_keys=True).encode(),
+        posixpath.join(folder, ARRIVAL_FILE), json.dumps(arrivals, indent=0, sort_keys=True).encode()
     )
     _remove_other_files(lake, paths)
+    file_versions = {name: version for part in written for name, version in part["file_versions"].items()}
+    lake.fs.pipe_file(versions_path, json.dumps(file_versions, indent=0, sort_keys=True).encode())
     return PartitionedClusters(
         rows=sum(w["rows"] for w in written),
         rounds=rounds,
@@ -594,14 +612,17 @@ def _write_part(part: Part, lake_url: str, config: MinHashConfig, *survivors: pa
         }
     )
     counts = decisions.group_by(["source", "match", "survivor"]).aggregate([("source", "count")])
-    files, offset = [], 0
+    files, file_versions, offset = [], {}, 0
     for file in part.files:
-        path = posixpath.join(lake.dataset_dir(CLUSTERS_STAGE), cluster_file_name(file.source, file.key))
-        lake.write_file(clusters.slice(offset, file.rows), path)
+        name = cluster_file_name(file.source, file.key)
+        rows = clusters.slice(offset, file.rows)
+        lake.write_file(rows, path := posixpath.join(lake.dataset_dir(CLUSTERS_STAGE), name))
         files.append(path)
+        file_versions[name] = next(iter(cluster_versions(rows).values()), EMPTY_VERSION)
         offset += file.rows
     return {
         "files": files,
+        "file_versions": file_versions,
         "rows": table.num_rows,
         "versions": version_parts(clusters),
         "counts": counts.select(["source", "match", "survivor", "source_count"]).to_pylist(),

@@ -12,7 +12,6 @@ streams its shard from the lake and writes its outputs there), so a small store 
 
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import dataclass
 
@@ -73,7 +72,6 @@ def connect(config: RayConfig) -> str:
                 include_dashboard=False,
                 log_to_driver=False,
             )
-        _quiet_ray_data()
     resources = ray.cluster_resources()
     cpus, gpus = int(resources.get("CPU", 0)), int(resources.get("GPU", 0))
     return f"Ray at {ray.get_runtime_context().gcs_address}: {cpus} CPUs, {gpus} GPUs"
@@ -83,13 +81,3 @@ def cluster_cpus() -> int:
     import ray
 
     return max(1, int(ray.cluster_resources().get("CPU", 1)))
-
-
-def _quiet_ray_data() -> None:
-    """The stages report their own progress; Ray Data's bars and per-dataset log lines would repeat it."""
-    import ray.data
-
-    context = ray.data.DataContext.get_current()
-    context.enable_progress_bars = False
-    logging.getLogger("ray.data").setLevel(logging.WARNING)
-    logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)  # "progress bars disabled"

@@ -1,12 +1,17 @@
 """Run a per-source stage over the shards that need it: on Ray by default, or in this process.
 
-Ray Data carries one shard per block through `map_batches` (batch size 1): stateless work runs as Ray
-tasks, work that holds a model as an actor pool whose actors build it once. Each task or actor streams
-its shard from the lake in Arrow batches through the stage's library function and writes the outputs
-back (`process_shard`), so documents never pass through the object store or the driver, and memory
-grows with the batch size, not with the source. The shard is the unit of work and of commit, as in
-datatrove: as many shards run at once as there are workers, and a source of many shards keeps every
-core busy.
+Each shard is one Ray task (at most as many at once as there are workers). The task streams its shard
+from the lake in Arrow batches through the stage's library function and writes the outputs back
+(`process_shard`), so documents never pass through the object store or the driver, and memory grows
+with the batch size, not with the source. The shard is the unit of work and of commit, as in
+datatrove: a source of many shards keeps every core busy.
+
+Tasks run in Ray's worker processes, which live as long as this process's Ray connection and serve
+every stage and source: work that holds a model (`StageSpec.warm`) is built once per process and kept
+for later shards and stage runs (warm.py), so a stage run starts no pipeline and spawns no process.
+(It used to be a Ray Data pipeline per stage run, with a fresh actor pool for model work: on a new
+shard, those starts and the model loads were most of each stage's seconds; docs/incremental.md.)
+GPU work runs in actors of its own, for the one stage run.
 
 The driver sees each shard as it finishes: it counts documents and documents per second for the
 progress bar (on a terminal) and the log (every few seconds, e.g. the Dagster run log), collects the
@@ -15,20 +20,19 @@ shards that failed, and raises once the others are done, naming each failed shar
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
-import pyarrow as pa
 from tqdm.auto import tqdm
 
 from moe_dag.data.engine.blocks import clean_blocks, commit_blocks, finished_blocks, row_count, split
 from moe_dag.data.engine.cluster import cluster_cpus
 from moe_dag.data.engine.shards import ShardInput, plan_shards
-from moe_dag.data.engine.stage import StageSpec, merge_counts, process_shard
+from moe_dag.data.engine.stage import StageSpec, merge_counts, process_shard, shard_error
+from moe_dag.data.engine.warm import spec_key, warm_work
 from moe_dag.data.lake import Lake
 
 LOG_EVERY_S = 10.0
@@ -192,8 +196,7 @@ def _commits(
         return
     import ray
 
-    commit = ray.remote(num_cpus=1)(_commit)
-    pending = [commit.remote(*call) for call in calls]
+    pending = [_remote(_commit).remote(*call) for call in calls]
     while pending:
         ready, pending = ray.wait(pending)
         yield from ray.get(ready)
@@ -206,54 +209,90 @@ def _commit(spec: StageSpec, lake_url: str, source: str, shard: ShardInput, reco
 def _on_ray(
     spec: StageSpec, lake_url: str, source: str, todo: list[ShardInput], workers: int
 ) -> Iterator[dict]:
-    import ray.data
+    """Each shard (or block) as a Ray task, at most `workers` at once, in Ray's worker processes, which
+    keep a warm spec's work built (warm.py); work that wants GPUs in actors of its own for this run."""
+    import ray
 
-    # JSON, because a block's row range would not survive Arrow's inference beside whole shards' nulls.
-    items = [{"item": json.dumps(asdict(shard))} for shard in todo]
-    dataset = ray.data.from_items(items, override_num_blocks=len(items))
-    size = min(workers, len(items))
-    common = {"batch_size": 1, "batch_format": "pyarrow", "num_cpus": 1}
-    if spec.actor_pool:
-        dataset = dataset.map_batches(
-            _ShardActor,
-            fn_constructor_kwargs={"spec": spec, "lake_url": lake_url, "source": source},
-            compute=ray.data.ActorPoolStrategy(size=size),
-            **({"num_gpus": spec.num_gpus} if spec.num_gpus else {}),
-            **common,
-        )
-    else:
-        dataset = dataset.map_batches(
-            _shard_task,
-            fn_kwargs={"spec": spec, "lake_url": lake_url, "source": source},
-            compute=ray.data.TaskPoolStrategy(size=size),
-            **common,
-        )
-    for row in dataset.iter_rows():
-        yield json.loads(row["result"])
+    boxed_spec = [ray.put(spec)]  # sent once; a process that has the work built never fetches it
+    if spec.num_gpus:
+        yield from _on_gpu_actors(spec, boxed_spec, lake_url, source, todo, workers)
+        return
+    key, task = spec_key(spec) if spec.warm else None, _remote(_shard_task)
+
+    def submit(shard: ShardInput, _slot: int) -> Any:
+        return task.remote(key, boxed_spec, lake_url, source, shard)
+
+    yield from _dispatch(todo, workers, submit)
 
 
-def _shard_task(batch: pa.Table, spec: StageSpec, lake_url: str, source: str) -> pa.Table:
-    return _process_batch(batch, spec, spec.make_work(), Lake(lake_url), source)
+def _on_gpu_actors(
+    spec: StageSpec, boxed_spec: list, lake_url: str, source: str, todo: list[ShardInput], workers: int
+) -> Iterator[dict]:
+    """GPU work in a pool of its own, started for this stage run and ended with it: a pool kept would
+    hold the GPUs' memory from the training that follows, and Ray gives a GPU task a fresh process
+    every time (`max_calls=1`), which would load the model for every shard."""
+    import ray
+
+    actor = ray.remote(num_cpus=1, num_gpus=spec.num_gpus)(_GpuWorker)
+    actors = [actor.remote(boxed_spec, lake_url, source) for _ in range(min(workers, len(todo)))]
+    try:
+        yield from _dispatch(todo, len(actors), lambda shard, slot: actors[slot].process.remote(shard))
+    finally:
+        for handle in actors:
+            ray.kill(handle)
 
 
-class _ShardActor:
-    """One worker of an actor pool: builds the stage's work (loads its model) once."""
+def _dispatch(todo: list[ShardInput], slots: int, submit: Callable[[ShardInput, int], Any]) -> Iterator[dict]:
+    """Submit each item as a call on a free slot (`submit(item, slot)` returns its object ref), with
+    at most `slots` in flight; yield the results as they come. A call whose worker died (killed, out of
+    memory) gives that item's error, and the others go on."""
+    import ray
 
-    def __init__(self, spec: StageSpec, lake_url: str, source: str) -> None:
-        self.spec, self.lake, self.source = spec, Lake(lake_url), source
-        self.work = spec.make_work()
+    queue, free, pending = list(reversed(todo)), list(range(slots)), {}
+    while queue or pending:
+        while queue and free:
+            shard, slot = queue.pop(), free.pop()
+            pending[submit(shard, slot)] = (shard, slot)
+        [ready], _ = ray.wait(list(pending), num_returns=1)
+        shard, slot = pending.pop(ready)
+        free.append(slot)
+        try:
+            yield ray.get(ready)
+        except ray.exceptions.RayError as error:
+            yield shard_error(shard, f"its worker failed: {error}")
 
-    def __call__(self, batch: pa.Table) -> pa.Table:
-        return _process_batch(batch, self.spec, self.work, self.lake, self.source)
+
+_REMOTES: dict[Callable, Any] = {}
 
 
-def _process_batch(batch: pa.Table, spec: StageSpec, work: Any, lake: Lake, source: str) -> pa.Table:
-    # JSON, because count dicts differ from shard to shard and Arrow would need one struct type for all.
-    shards = [_shard_input(row["item"]) for row in batch.to_pylist()]
-    results = [process_shard(spec, work, lake, source, shard) for shard in shards]
-    return pa.table({"result": [json.dumps(result) for result in results]})
+def _remote(fn: Callable) -> Any:
+    """`fn` as a Ray task of one CPU, exported to the cluster once per process. A task whose worker
+    died is retried once (another process, maybe another node): a shard that kills its worker twice
+    would kill it again, and is reported instead."""
+    import ray
+
+    if fn not in _REMOTES:
+        _REMOTES[fn] = ray.remote(num_cpus=1, max_retries=1)(fn)
+    return _REMOTES[fn]
 
 
-def _shard_input(item: str) -> ShardInput:
-    fields = json.loads(item)
-    return ShardInput(**{**fields, "rows": None if fields["rows"] is None else tuple(fields["rows"])})
+def _shard_task(key: str | None, boxed_spec: list, lake_url: str, source: str, shard: ShardInput) -> dict:
+    """One shard in a task: with the work this process keeps for `key`, or one built for the shard."""
+    try:
+        spec, work = warm_work(key, boxed_spec)
+    except Exception as error:
+        return shard_error(shard, f"building the stage's work failed: {error!r}")
+    return process_shard(spec, work, Lake(lake_url), source, shard)
+
+
+class _GpuWorker:
+    """One actor of a GPU stage run: builds the work (loads the model onto its GPU) once."""
+
+    def __init__(self, boxed_spec: list, lake_url: str, source: str) -> None:
+        import ray
+
+        self.spec, self.lake, self.source = ray.get(boxed_spec[0]), Lake(lake_url), source
+        self.work = self.spec.make_work()
+
+    def process(self, shard: ShardInput) -> dict:
+        return process_shard(self.spec, self.work, self.lake, self.source, shard)

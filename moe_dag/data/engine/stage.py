@@ -1,14 +1,14 @@
 """What a per-source stage does to one shard, and the plain function that does it anywhere.
 
 A stage is described by a `StageSpec`: the lake stages it writes, a picklable factory for its
-`ShardWork` (called once per worker, so a model loads once per Ray actor), and whether that work holds
-a model or a large table (then it runs in an actor pool, else as stateless tasks). `process_shard`
+`ShardWork` (called on the worker), and whether that work holds a model or a large table (then each
+worker process keeps it built, so a model loads once per process, not once per shard). `process_shard`
 runs the work on one shard and commits it: every output file is written under a temporary name, all
 are renamed into place, and only then is the completion record written. A shard killed at any point
 is therefore either done (record present, files complete) or redone on the next run.
 
-`process_shard` is a plain function: the Ray engine calls it in tasks and actors, a test or a notebook
-can call it in a loop.
+`process_shard` is a plain function: the Ray engine calls it in tasks (actors for GPU work), a test or
+a notebook can call it in a loop.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ from moe_dag.data.lake import Lake
 
 
 class ShardWork(ABC):
-    """A stage's work on one shard. Built once per worker: load models in `__init__`."""
+    """A stage's work on one shard. Built once per worker process (`StageSpec.warm`) and used for many
+    shards, of one stage run or several: load models in `__init__`, keep no state between shards."""
 
     # Whether a block of the shard (`shard.rows`) can be processed alone and the blocks' tables
     # concatenated into the whole shard's output (blocks.py): true of work that reads its input only
@@ -51,8 +52,10 @@ class StageSpec:
     outputs: tuple[str, ...]  # lake stages written per shard; the first holds the completion records
     make_work: Callable[[], ShardWork]  # picklable; runs on the worker
     params: str = ""  # everything besides the input the output depends on (config, model versions)
-    actor_pool: bool = False  # work holding a model or a table: built once per actor, else once per task
-    num_gpus: float = 0.0  # per actor
+    # Work holding a model or a large table: each worker process keeps it built for the shards and stage
+    # runs that follow (warm.py); else it is built afresh for each shard.
+    warm: bool = False
+    num_gpus: float = 0.0  # per worker: GPU work runs in actors of its own (run.py)
 
     @property
     def stage(self) -> str:
@@ -165,10 +168,14 @@ def process_shard(
         else:
             write_block_record(lake, spec.stage, source, shard, record)
     except Exception as error:
-        detail = "".join(traceback.format_exception_only(error)).strip()
-        where = "" if shard.rows is None else f" (rows {shard.rows[0]}-{shard.rows[1]})"
-        return {"key": shard.key, "rows": shard.rows, "error": f"shard {shard.path}{where}: {detail}"}
+        return shard_error(shard, "".join(traceback.format_exception_only(error)).strip())
     return {"key": shard.key, "rows": shard.rows, "record": record}
+
+
+def shard_error(shard: ShardInput, detail: str) -> dict[str, Any]:
+    """The result of a shard (or block) that failed: what the stage reports, naming its file."""
+    where = "" if shard.rows is None else f" (rows {shard.rows[0]}-{shard.rows[1]})"
+    return {"key": shard.key, "rows": shard.rows, "error": f"shard {shard.path}{where}: {detail}"}
 
 
 def node_id() -> str | None:

@@ -24,13 +24,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from moe_dag.data.dedup import (
-    SIGNATURE_SCHEMA,
-    MinHashConfig,
-    ShardClusters,
-    compute_signatures,
-    shard_cluster_version,
-)
+from moe_dag.data.dedup import SIGNATURE_SCHEMA, MinHashConfig, ShardClusters, compute_signatures
 from moe_dag.data.dedup.clusters import EMPTY_VERSION
 from moe_dag.data.dedup.partitioned import CLUSTERS_STAGE, cluster_file_name
 from moe_dag.data.engine.blocks import read_rows
@@ -128,13 +122,15 @@ class SignatureWork(ShardWork):
 class DedupWork(ShardWork):
     """deduplicated: each kept document's cluster, and the cut of every non-survivor. Reads only the
     cluster rows of the shard it processes (`ShardClusters`), in step with the shard's documents; every
-    row records the version of that cluster file (`shard_cluster_version`)."""
+    row records the version of that cluster file (`versions`: shard key -> version, as the clustering
+    recorded them: `recorded_versions`)."""
+
+    def __init__(self, versions: dict[str, str]) -> None:
+        self.versions = versions
 
     def process(self, shard: ShardInput, out: ShardOutput) -> dict[str, Any]:
         path = posixpath.join(out.lake.dataset_dir(CLUSTERS_STAGE), cluster_file_name(out.source, shard.key))
-        exists = out.lake.fs.exists(path)
-        version = shard_cluster_version(path, out.lake.fs) if exists else EMPTY_VERSION
-        clusters = ShardClusters(path, out.lake.fs, version)
+        clusters = ShardClusters(path, out.lake.fs, self.versions.get(shard.key, EMPTY_VERSION))
         writer = out.table("deduplicated")
         counts = []
         for batch in kept_batches(shard, out):
@@ -162,16 +158,12 @@ class ScoringWork(ShardWork):
 
         self.stored = load_heads(heads_dir)
         self.thresholds = self.stored.thresholds[source]
-        self._backbone = None
 
     @property
     def backbone(self) -> Any:
-        # torch and transformers load only in the processes that score, and only when a row needs it.
-        if self._backbone is None:
-            from moe_dag.data.heads import load_backbone
-
-            self._backbone = load_backbone(self.stored.backbone_config)
-        return self._backbone
+        # torch and transformers load only in the processes that score, and only when a row needs it;
+        # not kept here, so a work kept by its process (warm.py) holds no backbone but the current one.
+        return shared_backbone(self.stored.backbone_config)
 
     def process(self, shard: ShardInput, out: ShardOutput) -> dict[str, Any]:
         from moe_dag.data.scoring import early_exit_summary, score_documents, split_reusable
@@ -203,6 +195,21 @@ class ScoringWork(ShardWork):
                 }
             )
         return merge_counts(counts)
+
+
+_BACKBONE: dict[str, Any] = {}
+
+
+def shared_backbone(config: Any) -> Any:
+    """The backbone of `config` (a `BackboneConfig`), loaded once per process: the scoring works of
+    every source (one per source, for its thresholds) share it. One is kept, the last asked for."""
+    key = repr(config)
+    if key not in _BACKBONE:
+        from moe_dag.data.heads import load_backbone
+
+        _BACKBONE.clear()  # before loading, so that two are never held at once
+        _BACKBONE[key] = load_backbone(config)
+    return _BACKBONE[key]
 
 
 class TokenizeWork(ShardWork):
