@@ -15,6 +15,7 @@ from moe_dag.data.mixture.search import (
     epoch_cap_ok,
     fit_regressions,
     pack_candidate,
+    paired_gain,
     propose,
     sample_candidates,
 )
@@ -151,6 +152,39 @@ def test_the_average_weighs_each_source_alike_and_pairs_the_runs() -> None:
     assert points[0] == pytest.approx((bits / 100 + bits / 300) / 2)
     assert points[1] < points[0] and own[1][0] <= points[1] <= own[1][1]
     assert paired[1][1] < 0 and paired[0] == (0.0, 0.0)
+
+
+def _replicas(shift_S: np.ndarray, noise: float, seed: int = 0) -> tuple[np.ndarray, ...]:
+    """[seeds, documents] bits of a base and an other mixture on 200 documents of two sources: the
+    other gains 0.5% on every document, each seed moves every document of the other by `shift_S` alike
+    and each document by its own noise."""
+    rng = np.random.default_rng(seed)
+    bytes_N = rng.integers(200, 2000, size=200).astype(float)
+    sources_N = np.repeat(["a", "b"], 100)
+    base_N = bytes_N * rng.uniform(2, 6, size=200)  # documents differ a lot in difficulty
+    base_SN = base_N + rng.normal(0, noise, (len(shift_S), 200)) * bytes_N
+    other_SN = base_SN * 0.995 + (shift_S[:, None] + rng.normal(0, noise, (len(shift_S), 200))) * bytes_N
+    return base_SN, other_SN, bytes_N, sources_N
+
+
+def test_the_gain_interval_counts_the_seeds_shared_noise_once() -> None:
+    """Resampling documents cannot see a seed's shift shared by every document: the verdict's interval
+    adds it from the per-seed gains, and adds nothing where the seeds differ by each document's noise."""
+    base_SN, other_SN, bytes_N, sources_N = _replicas(np.zeros(4), noise=0.01)
+    quiet = paired_gain(base_SN, other_SN, bytes_N, sources_N)
+    expected = np.mean(
+        [(other_SN - base_SN)[:, sources_N == s].sum(axis=1) / bytes_N[sources_N == s].sum() for s in "ab"],
+        axis=0,
+    )
+    assert quiet.per_seed == pytest.approx(expected.tolist())
+    assert quiet.gain == pytest.approx(expected.mean())
+    assert quiet.documents_ci[1] < 0 and quiet.resolved
+    assert quiet.ci == pytest.approx(quiet.documents_ci, abs=0.15 * np.ptp(quiet.documents_ci))
+    shifted = paired_gain(*_replicas(np.array([-0.04, 0.03, -0.02, 0.035]), noise=0.01))
+    assert shifted.documents_ci[1] < 0  # the documents alone would call it resolved
+    assert not shifted.resolved and shifted.seed_share > 0.9
+    one_seed = paired_gain(base_SN[:1], other_SN[:1], bytes_N, sources_N)
+    assert one_seed.seed_share == 0 and one_seed.per_seed == pytest.approx([expected[0]])
 
 
 def test_the_verdict_says_resolved_or_how_many_steps_would_resolve_it() -> None:
