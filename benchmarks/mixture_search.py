@@ -33,7 +33,6 @@ import argparse
 import dataclasses
 import json
 import logging
-import math
 import multiprocessing
 import os
 import tempfile
@@ -55,8 +54,8 @@ from moe_dag.data.mixture.search import (
     MixtureSearchConfig,
     config_snippet,
     fit_regressions,
+    gain_of_replicas,
     pack_candidate,
-    paired_gain,
     propose,
     replica_name,
     sample_candidates,
@@ -235,23 +234,14 @@ def main() -> None:
             tables = [pq.read_table(runs[replica_name(name, s)] / EVAL_DOCUMENTS_FILE) for s in seeds]
             if swarm_only:
                 tables = [t.filter(is_in(t["id"], value_set=pa.array(sorted(swarm_ids)))) for t in tables]
-            # One document order for all: paired_gain pairs rows (average_bits_per_byte checks it).
-            return [t.sort_by([("source", "ascending"), ("id", "ascending")]) for t in tables]
+            return tables
 
         # Achieved against predicted on the swarm's documents, the ones the fit's target was scored on.
         finals = [mean_document_losses(replicas(n, swarm_only=True)) for n in (CONFIGURED, PROPOSAL)]
         points, own, _ = average_bits_per_byte(finals)
         # The gain on the whole neutral set, replicas paired by seed.
         configured_runs, proposal_runs = replicas(CONFIGURED), replicas(PROPOSAL)
-        bits = [
-            np.stack([t["nll_nats"].to_numpy() / math.log(2) for t in r])
-            for r in (configured_runs, proposal_runs)
-        ]
-        gain = paired_gain(
-            *bits,
-            configured_runs[0]["num_bytes"].to_numpy(),
-            np.asarray(configured_runs[0]["source"].to_pylist()),
-        )
+        gain = gain_of_replicas(configured_runs, proposal_runs)
         whole = average_bits_per_byte([mean_document_losses(r) for r in (configured_runs, proposal_runs)])[0]
         # One proxy's training noise: the spread of each mixture's replicas about their mean, pooled.
         spreads = [np.var(average_bits_per_byte(r)[0], ddof=1) for r in (configured_runs, proposal_runs)]

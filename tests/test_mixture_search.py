@@ -14,6 +14,7 @@ from moe_dag.data.mixture.search import (
     config_snippet,
     epoch_cap_ok,
     fit_regressions,
+    gain_of_replicas,
     pack_candidate,
     paired_gain,
     propose,
@@ -185,6 +186,15 @@ def test_the_gain_interval_counts_the_seeds_shared_noise_once() -> None:
     assert not shifted.resolved and shifted.seed_share > 0.9
     one_seed = paired_gain(base_SN[:1], other_SN[:1], bytes_N, sources_N)
     assert one_seed.seed_share == 0 and one_seed.per_seed == pytest.approx([expected[0]])
+
+
+def test_the_gain_of_replicas_pairs_them_by_document() -> None:
+    base, better = _documents([70.0, 70.0, 70.0, 70.0]), _documents([69.0, 69.5, 69.0, 69.5])
+    points, _, _ = average_bits_per_byte([base, better])
+    shuffled = better.take([3, 1, 0, 2])  # any row order: replicas are paired by document
+    assert gain_of_replicas([base], [shuffled]).gain == pytest.approx(points[1] - points[0])
+    with pytest.raises(ValueError, match="different documents"):
+        gain_of_replicas([base], [better.set_column(1, "id", pa.array(["1", "2", "3", "5"]))])
 
 
 def test_the_verdict_says_resolved_or_how_many_steps_would_resolve_it() -> None:

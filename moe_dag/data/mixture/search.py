@@ -307,6 +307,23 @@ def paired_gain(
     )
 
 
+def gain_of_replicas(base: list[pa.Table], other: list[pa.Table]) -> Gain:
+    """`paired_gain` from replicas' per-document losses (eval_documents.parquet: source, id, nll_nats,
+    num_bytes), replica s of each mixture trained with seed s; all must score the same documents."""
+    order = [("source", "ascending"), ("id", "ascending")]
+    tables = [table.sort_by(order) for table in [*base, *other]]
+    for table in tables[1:]:
+        if table["id"] != tables[0]["id"] or table["num_bytes"] != tables[0]["num_bytes"]:
+            raise ValueError("the replicas were scored on different documents")
+    bits_RN = np.stack([table["nll_nats"].to_numpy() / np.log(2) for table in tables])
+    return paired_gain(
+        bits_RN[: len(base)],
+        bits_RN[len(base) :],
+        tables[0]["num_bytes"].to_numpy(),
+        np.asarray(tables[0]["source"].to_pylist()),
+    )
+
+
 def average_loss(per_source: dict[str, float], sources: list[str]) -> float:
     return float(np.mean([per_source[source] for source in sources]))
 
