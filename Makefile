@@ -81,13 +81,19 @@ $(DAGSTER_HOME)/dagster.yaml: dagster.yaml
 demo: runtime
 	$(BIN)/moe-dag --config $(CONFIG) demo
 
+# Two pytest workers: on its own the suite keeps ~0.55 of a core busy (most tests wait on processes,
+# Ray and torchrun starting), and the slow tests start first (tests/conftest.py), so the longest one
+# does not start last. TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 2
+PYTEST = $(BIN)/python -m pytest -q $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist worksteal)
+
 test: setup system-packages
-	$(BIN)/python -m pytest -q
+	$(PYTEST)
 
 # The quick subset while working: everything but the tests marked slow (process kills, whole-graph runs,
 # the browser, PostgreSQL). CI runs the whole suite.
 test-fast: setup
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(PYTEST) -m "not slow"
 
 # Debian packages for the PostgreSQL instance test and the browser test of the UI. Installed once as
 # root (quietly; skipped when present); elsewhere it says what is missing and those tests skip.

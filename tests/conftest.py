@@ -8,6 +8,12 @@ import torch
 torch.set_num_threads(1)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slow tests first (in their usual order, then the others): with pytest-xdist's workers
+    (`make test`) a test of minutes that starts last would leave the other worker idle at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(scope="session")
 def local_ray():
     """A local Ray with two CPUs and a small object store, started once and stopped at the end."""
