@@ -6,15 +6,16 @@ import re
 from pathlib import Path
 
 import pytest
+from tokenizers import Tokenizer
 
 from moe_dag.data.tokenizer import (
     TokenizerConfig,
     eos_id,
     load_pretrained_tokenizer,
     load_tokenizer,
+    remember_more_words,
     save_tokenizer,
     train_tokenizer,
-    with_word_cache,
 )
 
 CODE = 'def mean(xs: list[float]) -> float:\n\t"""Average."""\r\n    return sum(xs) / max(len(xs), 1)  # ok\n'
@@ -77,10 +78,8 @@ def test_user_errors_raise_value_error(tokenizer, tmp_path: Path):
         eos_id(tokenizer, "<|im_end|>")
 
 
-def test_a_word_cached_copy_gives_the_same_ids_and_leaves_the_original(tokenizer):
+def test_a_model_that_remembers_more_words_gives_the_same_ids(tokenizer):
     texts = [CODE, PROSE, NON_ENGLISH, "", "<|endoftext|> inside a text"] * 3
-    before = tokenizer.to_str()
-    cached = with_word_cache(tokenizer)
-    assert cached is not tokenizer and tokenizer.to_str() == before
-    for ours, theirs in zip(cached.encode_batch(texts), tokenizer.encode_batch(texts), strict=True):
+    roomy = remember_more_words(Tokenizer.from_str(tokenizer.to_str()))
+    for ours, theirs in zip(roomy.encode_batch(texts), tokenizer.encode_batch(texts), strict=True):
         assert ours.ids == theirs.ids

@@ -17,7 +17,9 @@ TOKENIZER_FILE = "tokenizer.json"
 # Words whose BPE merges the model remembers. The library's default, 10,000, fills early on real text and
 # then stops taking new words (it never evicts): on 4,000 stdlib documents 35,577 distinct words, and 13%
 # of the words met were encoded again from scratch; with room for every word, 2%. 2^18 entries are tens
-# of MB at most, and the cache changes no id.
+# of MB at most, and the cache changes no id. A cold cache costs: copying a tokenizer for each shard
+# writer, its cache empty, measured 0.84x of encode_batch in benchmarks/tokenizing.py (the baseline's
+# cache warm), so loaded tokenizers get the room (a Ray actor's warms over its shards), copies do not.
 WORD_CACHE = 1 << 18
 
 
@@ -71,7 +73,7 @@ def load_tokenizer(path: Path) -> Tokenizer:
     file = path / TOKENIZER_FILE if path.is_dir() else path
     if not file.is_file():
         raise ValueError(f"no {TOKENIZER_FILE} at {path}")
-    return Tokenizer.from_file(str(file))
+    return remember_more_words(Tokenizer.from_file(str(file)))
 
 
 def load_pretrained_tokenizer(name_or_path: str | Path) -> Tokenizer:
@@ -92,14 +94,13 @@ def load_pretrained_tokenizer(name_or_path: str | Path) -> Tokenizer:
     return Tokenizer.from_file(cached)
 
 
-def with_word_cache(tokenizer: Tokenizer) -> Tokenizer:
-    """A copy of `tokenizer` (same ids) whose model remembers up to WORD_CACHE words: the caller's own
-    tokenizer keeps the library's settings."""
-    copy = Tokenizer.from_str(tokenizer.to_str())
-    resize = getattr(copy.model, "_resize_cache", None)  # BPE and Unigram have one; WordPiece does not
+def remember_more_words(tokenizer: Tokenizer) -> Tokenizer:
+    """`tokenizer`, its model now remembering up to WORD_CACHE words (ids unchanged); returned for
+    chaining. For a tokenizer this process loaded and keeps: the cache pays once it is warm."""
+    resize = getattr(tokenizer.model, "_resize_cache", None)  # BPE and Unigram have one; WordPiece does not
     if resize is not None:
         resize(WORD_CACHE)
-    return copy
+    return tokenizer
 
 
 def eos_id(tokenizer: Tokenizer, eos_token: str = TokenizerConfig.eos_token) -> int:

@@ -31,7 +31,6 @@ from tqdm import tqdm
 from moe_dag.data.atomic import atomic_path
 from moe_dag.data.lake import Lake
 from moe_dag.data.tasks import map_tasks
-from moe_dag.data.tokenizer import with_word_cache
 
 INDEX_SCHEMA = pa.schema(
     [
@@ -98,8 +97,7 @@ class TokenShardWriter:
     Only one batch of documents is in memory at a time, so a shard of any size streams through."""
 
     def __init__(self, tokenizer: Tokenizer, eos: int, tokens_path: Path, index_path: Path) -> None:
-        # A shard's documents share most of their words: a model that remembers them all encodes faster.
-        self.tokenizer, self.eos = with_word_cache(tokenizer), eos
+        self.tokenizer, self.eos = tokenizer, eos
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
         self.dtype = token_dtype(self.vocab_size)
         self.tokens_path, self.index_path = Path(tokens_path), Path(index_path)
