@@ -21,8 +21,10 @@ asset for the others.
   scored shard by the engine, the index-level plan drawn here, the rows packed from it by tasks), with
   the demo config's token budget times the scale, so packing grows with the corpus.
 
-Left out: scoring (the frozen backbone and the heads on CPU: about 40 documents a second on 2 cores, so
-hours at 16x, and it needs labels and trained heads). In its place, outside the totals, a stand-in
+Left out: scoring. It needs oracle labels and heads trained first (steps that do not grow with the
+corpus), and on CPU the backbone scores ~61 documents a second a core (benchmarks/scoring.py, one pinned
+core), so 16x's ~33,000 documents would add ~5 minutes of both cores when quiet and far more under load;
+at scale its cost is the GPU rate of benchmarks/scoring_gpu.py. In its place, outside the totals, a stand-in
 `scored_documents` that keeps every document toxicity kept (the engine's `FilterWork` with no filters),
 for the tokenizer and the mixture to read. Also left out: the assets' metadata and checks (counts by
 tasks, DuckDB counts), and `neutral_documents` (no neutral set is drawn; nothing is excluded).
