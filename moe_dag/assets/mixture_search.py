@@ -36,6 +36,7 @@ from moe_dag.data.mixture.search import (
     AVERAGE,
     config_snippet,
     fit_regressions,
+    gain_of_replicas,
     pack_candidate,
     propose,
     replica_name,
@@ -304,8 +305,8 @@ def mixture_proposal(pipeline: PipelineResource) -> dg.MaterializeResult:
 )
 def mixture_validation(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
     """Proxies trained on the proposal, scored on the neutral set against its prediction and against the
-    configured mixture's (paired over the neutral documents); both over mixture_search.final_seeds
-    seeds, each document's loss averaged over them."""
+    configured mixture's; both over mixture_search.final_seeds seeds, paired by seed and by neutral
+    document, the gain's interval counting the documents' and the seeds' noise (search.paired_gain)."""
     folder, search = _search_dir(pipeline), pipeline.config.mixture_search
     proposal = _read(folder / "proposal.json")
     configured_shares = _read(folder / "candidates.json")["candidates"][CONFIGURED]
@@ -323,9 +324,8 @@ def mixture_validation(context: dg.AssetExecutionContext, pipeline: PipelineReso
         name: [pq.read_table(Path(r["run_dir"]) / EVAL_DOCUMENTS_FILE) for r in results]
         for name, results in runs.items()
     }
-    points, own, paired = average_bits_per_byte(
-        [mean_document_losses(tables[n]) for n in (CONFIGURED, PROPOSAL)]
-    )
+    points, own, _ = average_bits_per_byte([mean_document_losses(tables[n]) for n in (CONFIGURED, PROPOSAL)])
+    gain = gain_of_replicas(tables[CONFIGURED], tables[PROPOSAL])
     low, high = proposal["predicted_interval"]
     validation = {
         "final_seeds": search.final_seeds,
@@ -335,9 +335,12 @@ def mixture_validation(context: dg.AssetExecutionContext, pipeline: PipelineReso
         "validation_error_ci": [points[1] - high, points[1] - low],
         "inside_predicted_interval": low <= points[1] <= high,
         "configured": points[0],
-        "gain_vs_configured": points[1] - points[0],
-        "gain_vs_configured_ci": paired[1],
-        "gain_resolved": not paired[1][0] <= 0 <= paired[1][1],
+        "gain_vs_configured": gain.gain,
+        # Documents' and seeds' noise (search.paired_gain); the documents' alone beside it.
+        "gain_vs_configured_ci": gain.ci,
+        "gain_vs_configured_ci_documents": gain.documents_ci,
+        "gain_per_seed": gain.per_seed,
+        "gain_resolved": gain.resolved,
     }
     if search.final_seeds > 1:  # one proxy's training noise: its replicas' spread, pooled over both
         spreads = [np.var(average_bits_per_byte(t)[0], ddof=1) for t in tables.values()]
