@@ -3,28 +3,32 @@ neutral-set bits per byte, the proposal validated against the configured mixture
 
 Baseline: `configured`, proxies of the same preset and steps trained on configs/demo.yaml's weights.
 
-The corpus is built in memory-light steps without the curation stages (the search is about weights,
-not filters): the demo corpus's raw documents, the neutral set drawn by id hash and removed with its
-exact copies, a tokenizer trained on the rest, one token shard per source. Then every candidate packs
-those shards to its weights (an index-level view: nothing is tokenised again, and each source's
-documents come in the same seeded order for every candidate, so candidates differ only in their
-weights) and a proxy of mixture_search's preset trains on it and is scored on the neutral set, the same
-documents for every proxy. `--parallel` worker processes train the proxies, each on its share of the
-cores, importing torch once rather than once per proxy. The configured mixture and the proposal are
-trained `--final-seeds` times (initialisation and document order), their per-document losses averaged,
-and compared with a paired bootstrap over the neutral documents.
+The corpus is built in memory-light steps without the curation stages (the search is about weights, not
+filters): the demo corpus's raw documents, the neutral set drawn by id hash and removed with its exact
+copies, a tokenizer trained on the rest, one token shard per source. Then every candidate packs those
+shards to its weights (an index-level view: nothing is tokenised again, and each source's documents come
+in the same seeded order for every candidate, so candidates differ only in their weights) and a proxy of
+mixture_search's preset trains on it and is scored on the neutral documents within `--swarm-share` (a
+subset of the neutral set, the same documents for every candidate). `--parallel` worker processes train
+the proxies, each on its share of the cores, importing torch once rather than once per proxy. The
+configured mixture and the proposal are trained `--final-seeds` times (initialisation and document order)
+after the swarm, scored on the whole neutral set, and compared paired by seed and by document
+(search.paired_gain: the interval counts the documents' noise and the seeds' shared noise).
 
 Prints per candidate its shares and achieved bits per byte, the models' leave-one-out errors, the
 proposal; last line JSON: `bench`, `candidates`, `steps`, `concentration`, `preset`, `params`,
 `spearman_loo`, `model`, `loo_rmse`, `spread` (standard deviation of the candidates' losses),
 `predicted`, `predicted_interval` (+- 1.96 leave-one-out RMSE: the error the fit makes on unseen runs),
 `achieved` (mean over the final seeds), `validation_error` (achieved - predicted) with
-`validation_error_ci`, `inside_predicted_interval`, `configured`, `gain_vs_configured` (proposal -
-configured, negative: the proposal is better) with its paired 95% interval `gain_vs_configured_ci`,
-`gain_resolved`, `seed_sd` (one proxy's training noise, from the final seeds' differences),
-`profile` (per proxy: training and scoring seconds, steps per second), `build_s`, `swarm_s`, `wall_s`.
-Options: `--candidates`, `--steps`, `--concentration`, `--parallel`, `--final-seeds`,
-`--docs-per-source`, `--neutral-share`, `--keep` (a folder to keep the runs in).
+`validation_error_ci`, `inside_predicted_interval`, `configured` (on the swarm's documents),
+`neutral_documents`, `swarm_documents`, `configured_all` and `proposal_all` (on the whole neutral set),
+`gain_vs_configured` (proposal - configured on the whole set, negative: the proposal is better) with its
+95% interval `gain_vs_configured_ci`, `gain_vs_configured_ci_documents` (the documents' noise alone),
+`gain_per_seed`, `gain_seed_share` (of the gain's variance, the seeds' shared noise), `gain_resolved`,
+`seed_sd` (one proxy's training noise, from the final seeds' differences), `profile` (per proxy: training
+and scoring seconds, steps per second), `build_s`, `swarm_s`, `wall_s`. Options: `--candidates`,
+`--steps`, `--concentration`, `--parallel`, `--final-seeds`, `--docs-per-source`, `--neutral-share`,
+`--swarm-share`, `--keep` (a folder to keep the runs in).
 """
 
 from __future__ import annotations
@@ -147,8 +151,8 @@ def main() -> None:
     parser.add_argument("--concentration", type=float, default=defaults.concentration)
     parser.add_argument("--parallel", type=int, default=defaults.parallel)
     # The gain's interval: in the first default run (2 seeds, 430 neutral documents) the documents'
-    # own differences gave 56% of its variance, each seed's noise on each document 44%, and no noise
-    # shared by all documents was measurable; only more documents shrink the first part. Scoring a
+    # own differences gave 39% of its variance, each seed's noise on each document 61%, and no noise
+    # shared by all documents was measurable; both parts shrink with more documents. Scoring a
     # document costs every proxy, so the swarm scores the documents within `swarm_share` (as many as
     # before) and only the deciding proxies score the whole neutral set (docs/mixture_search.md).
     parser.add_argument("--final-seeds", type=int, default=3)
@@ -194,7 +198,6 @@ def main() -> None:
         }
         configured = shares_of(weights)
         seeds = range(search.final_seeds)
-        jobs |= {replica_name(CONFIGURED, seed): configured for seed in seeds}
         runs: dict[str, Path] = {}
         profiles: dict[str, dict[str, float]] = {}
 
@@ -224,9 +227,14 @@ def main() -> None:
             print("leave-one-out RMSE: " + ", ".join(f"{m} {e:.4f}" for m, e in fit.loo_rmse.items()))
             proposal = propose(fit, weights, capacity, budget, recipe.max_epochs, search)
             print(config_snippet(proposal))
+            # Both deciding mixtures' replicas after the swarm, together: 2 x final_seeds jobs keep both
+            # workers busy to the end (the configured ones in the swarm's wave made it odd, and one
+            # worker waited through a round of the longest jobs, each scoring the whole neutral set).
+            deciding = {CONFIGURED: configured, PROPOSAL: proposal.shares}
             futures = {
-                replica_name(PROPOSAL, s): submit(pool, replica_name(PROPOSAL, s), proposal.shares)
+                replica_name(m, s): submit(pool, replica_name(m, s), shares)
                 for s in seeds
+                for m, shares in deciding.items()
             }
             profiles |= {name: future.result() for name, future in futures.items()}
 
