@@ -34,7 +34,7 @@ from moe_dag.data.filters import DocumentFilter, run_filters
 from moe_dag.data.lake import read_batches
 from moe_dag.data.mixture.build import HELDOUT_SCHEMA, heldout_table
 from moe_dag.data.mixture.heldout import split_at_cut
-from moe_dag.data.mixture.neutral import without_excluded
+from moe_dag.data.mixture.neutral import Exclusions, without_excluded
 from moe_dag.data.mixture.token_shards import TokenShardWriter
 from moe_dag.data.readers import read_shard_batches
 from moe_dag.data.schema import DOCUMENT_SCHEMA, QUARANTINE_SCHEMA, kept_rows, reason_counts
@@ -225,7 +225,8 @@ class TokenizeWork(ShardWork):
         tokenizer_path: str | os.PathLike[str],  # a LakeArtifact on an object-store lake
         eos_token: str,
         heldout_cuts: dict[str, int | None],
-        excluded_ids: frozenset[str] = frozenset(),  # the neutral set and its copies (neutral.py)
+        # The neutral set and its copies (neutral.py): read by the worker from the lake, once a process.
+        excluded_ids: Exclusions | frozenset[str] = frozenset(),
     ) -> None:
         self.tokens_stage, self.heldout_stage = tokens_stage, heldout_stage
         self.tokenizer = load_tokenizer(Path(tokenizer_path))
