@@ -155,7 +155,7 @@ def main() -> None:
     # shared by all documents was measurable; both parts shrink with more documents. Scoring a
     # document costs every proxy, so the swarm scores the documents within `swarm_share` (as many as
     # before) and only the deciding proxies score the whole neutral set (docs/mixture_search.md).
-    parser.add_argument("--final-seeds", type=int, default=3)
+    parser.add_argument("--final-seeds", type=int, default=2)
     parser.add_argument("--docs-per-source", type=int, default=2000)
     parser.add_argument("--neutral-share", type=float, default=0.35)
     parser.add_argument("--swarm-share", type=float, default=0.075)
