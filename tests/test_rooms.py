@@ -67,9 +67,10 @@ def _called_name(call: ast.Call) -> str | None:
 
 
 def _sent_to_workers(call: ast.Call) -> list[ast.expr]:
-    """What a call hands to Ray workers to run: `map_tasks`'s function, a `StageSpec`'s `make_work`."""
+    """What a call hands to Ray workers to run: `map_tasks`'s or `iter_tasks`'s function, a `StageSpec`'s
+    `make_work`."""
     name = _called_name(call)
-    if name == "map_tasks" and call.args:
+    if name in ("map_tasks", "iter_tasks") and call.args:
         return [call.args[0]]
     if name == "StageSpec":
         return [keyword.value for keyword in call.keywords if keyword.arg == "make_work"]
