@@ -13,7 +13,7 @@ subset of the neutral set, the same documents for every candidate). `--parallel`
 the proxies, each on its share of the cores, importing torch once rather than once per proxy. The
 configured mixture and the proposal are trained `--final-seeds` times (initialisation and document order)
 after the swarm, scored on the whole neutral set, and compared paired by seed and by document
-(search.paired_gain: the interval counts the documents' noise and the seeds' shared noise).
+(compare.paired_gain: the interval counts the documents' noise and the seeds' shared noise).
 
 Prints per candidate its shares and achieved bits per byte, the models' leave-one-out errors, the
 proposal; last line JSON: `bench`, `candidates`, `steps`, `concentration`, `preset`, `params`,
@@ -58,7 +58,6 @@ from moe_dag.data.mixture.search import (
     MixtureSearchConfig,
     config_snippet,
     fit_regressions,
-    gain_of_replicas,
     pack_candidate,
     propose,
     replica_name,
@@ -67,7 +66,7 @@ from moe_dag.data.mixture.search import (
 )
 from moe_dag.data.readers import list_shards, read_shards
 from moe_dag.data.tokenizer import eos_id, train_tokenizer
-from moe_dag.training.compare import average_bits_per_byte, mean_document_losses
+from moe_dag.training.compare import average_bits_per_byte, gain_of_replicas, mean_document_losses
 from moe_dag.training.config import apply_overrides
 from moe_dag.training.config import preset as read_preset
 from moe_dag.training.evaluate import EVAL_DOCUMENTS_FILE, EVAL_FILE

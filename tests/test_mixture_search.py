@@ -14,14 +14,18 @@ from moe_dag.data.mixture.search import (
     config_snippet,
     epoch_cap_ok,
     fit_regressions,
-    gain_of_replicas,
     pack_candidate,
-    paired_gain,
     propose,
     sample_candidates,
 )
 from moe_dag.data.tokenizer import TokenizerConfig, eos_id, train_tokenizer
-from moe_dag.training.compare import average_bits_per_byte, mean_document_losses, verdict
+from moe_dag.training.compare import (
+    average_bits_per_byte,
+    gain_of_replicas,
+    mean_document_losses,
+    paired_gain,
+    verdict,
+)
 
 WEIGHTS = {"code": 0.3, "intl": 0.2, "prose": 0.5}
 SOURCES = sorted(WEIGHTS)

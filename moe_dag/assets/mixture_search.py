@@ -36,7 +36,6 @@ from moe_dag.data.mixture.search import (
     AVERAGE,
     config_snippet,
     fit_regressions,
-    gain_of_replicas,
     pack_candidate,
     propose,
     replica_name,
@@ -46,7 +45,7 @@ from moe_dag.data.mixture.search import (
 )
 from moe_dag.data.tokenizer import eos_id, load_tokenizer
 from moe_dag.orchestration.resources import PipelineResource
-from moe_dag.training.compare import average_bits_per_byte, mean_document_losses
+from moe_dag.training.compare import average_bits_per_byte, gain_of_replicas, mean_document_losses
 from moe_dag.training.evaluate import EVAL_DOCUMENTS_FILE, EVAL_FILE
 
 GROUP = "mixture_search"
@@ -306,7 +305,7 @@ def mixture_proposal(pipeline: PipelineResource) -> dg.MaterializeResult:
 def mixture_validation(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
     """Proxies trained on the proposal, scored on the neutral set against its prediction and against the
     configured mixture's; both over mixture_search.final_seeds seeds, paired by seed and by neutral
-    document, the gain's interval counting the documents' and the seeds' noise (search.paired_gain)."""
+    document, the gain's interval counting the documents' and the seeds' noise (compare.paired_gain)."""
     folder, search = _search_dir(pipeline), pipeline.config.mixture_search
     proposal = _read(folder / "proposal.json")
     configured_shares = _read(folder / "candidates.json")["candidates"][CONFIGURED]
@@ -336,7 +335,7 @@ def mixture_validation(context: dg.AssetExecutionContext, pipeline: PipelineReso
         "inside_predicted_interval": low <= points[1] <= high,
         "configured": points[0],
         "gain_vs_configured": gain.gain,
-        # Documents' and seeds' noise (search.paired_gain); the documents' alone beside it.
+        # Documents' and seeds' noise (compare.paired_gain); the documents' alone beside it.
         "gain_vs_configured_ci": gain.ci,
         "gain_vs_configured_ci_documents": gain.documents_ci,
         "gain_per_seed": gain.per_seed,

@@ -10,6 +10,7 @@ hard the held-out documents happen to be. The inputs are the runs' `eval_documen
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,8 @@ import pyarrow.parquet as pq
 
 from moe_dag.training.bootstrap import paired_difference_interval, percentile_interval, resampled_sums
 from moe_dag.training.evaluate import EVAL_DOCUMENTS_FILE
+
+Z95 = 1.96  # the normal quantile of a two-sided 95% interval
 
 
 def read_document_losses(run_dir: Path) -> pa.Table:
@@ -138,3 +141,82 @@ def verdict(steps: list[int], gains: list[float], interval: tuple[float, float],
         "steps_to_resolve": needed,
         "sentence": f"{stated}: not resolved at this budget; {trend}.",
     }
+
+
+@dataclass
+class Gain:
+    """A mixture's gain over another in average bits per byte (negative: lower loss), from replicas
+    paired by seed (replica s of both mixtures shares seed s: initialisation and document order)."""
+
+    gain: float
+    per_seed: list[float]
+    documents_ci: tuple[float, float]  # the documents resampled, the seeds' noise left out
+    ci: tuple[float, float]  # documents' and seeds' noise both: the interval the verdict reads
+    seed_share: float  # of the gain's variance, the part from training noise shared by all documents
+
+    @property
+    def resolved(self) -> bool:
+        return not self.ci[0] <= 0 <= self.ci[1]
+
+
+def paired_gain(
+    base_SN: np.ndarray,
+    other_SN: np.ndarray,
+    bytes_N: np.ndarray,
+    sources_N: np.ndarray,
+    *,
+    resamples: int = 2000,
+    seed: int = 0,
+) -> Gain:
+    """`other` minus `base` in bits per byte averaged over sources (each source alike, the search's
+    target), from [seeds, documents] bits of each replica, all scored on the same documents.
+
+    The gain is a sum over documents of each one's part, d_si (its bits' difference over its source's
+    bytes and the number of sources), averaged over seeds s. Model d_si = a_i + b_s + e_si: a_i what the
+    document gains (the neutral set's draw), b_s what a seed shifts on every document alike, e_si the
+    seed's noise on one document. Resampling documents (a paired bootstrap within each source) measures
+    var(sum of a) + var(sum of e)/S but misses var(B)/S, the shared part. The per-seed gains g_s vary by
+    var(B) + var(sum of e), and var(sum of e) is measured within documents (sum over i of var_s d_si),
+    so var(B) = var_s(g_s) - that (a two-way random-effects decomposition), floored at 0. The interval
+    is gain +- 1.96 x sqrt(documents' variance + var(B)/S): the documents' noise, the seeds' noise on
+    each document and the seeds' shared noise, each counted once. With one seed the shared part
+    cannot be measured and the interval is the documents' alone."""
+    rng = np.random.default_rng(seed)
+    diff_SN = np.asarray(other_SN, np.float64) - np.asarray(base_SN, np.float64)
+    bytes_N, sources_N = np.asarray(bytes_N, np.float64), np.asarray(sources_N)
+    seeds, names = len(diff_SN), sorted(set(sources_N.tolist()))
+    part_SN = np.zeros_like(diff_SN)
+    drawn_R = np.zeros(resamples)
+    for name in names:
+        mask = sources_N == name
+        part_SN[:, mask] = diff_SN[:, mask] / (bytes_N[mask].sum() * len(names))
+        counts_RN = rng.multinomial(mask.sum(), np.full(mask.sum(), 1 / mask.sum()), size=resamples)
+        drawn_R += (counts_RN @ diff_SN[:, mask].mean(axis=0)) / (counts_RN @ bytes_N[mask]) / len(names)
+    per_seed_S = part_SN.sum(axis=1)
+    gain = float(per_seed_S.mean())
+    documents_var = float(np.var(drawn_R, ddof=1))
+    shared_var = 0.0
+    if seeds > 1:
+        within = float(np.var(part_SN, axis=0, ddof=1).sum())
+        shared_var = max(0.0, float(np.var(per_seed_S, ddof=1)) - within) / seeds
+    half = Z95 * float(np.sqrt(documents_var + shared_var))
+    return Gain(
+        gain=gain,
+        per_seed=per_seed_S.tolist(),
+        documents_ci=(float(np.percentile(drawn_R, 2.5)), float(np.percentile(drawn_R, 97.5))),
+        ci=(gain - half, gain + half),
+        seed_share=shared_var / (documents_var + shared_var),
+    )
+
+
+def gain_of_replicas(base: list[pa.Table], other: list[pa.Table]) -> Gain:
+    """`paired_gain` from replicas' per-document losses (eval_documents.parquet: source, id, nll_nats,
+    num_bytes), replica s of each mixture trained with seed s; all must score the same documents."""
+    tables = _aligned([*base, *other], "replicas")
+    bits_RN = np.stack([table["nll_nats"].to_numpy() / math.log(2) for table in tables])
+    return paired_gain(
+        bits_RN[: len(base)],
+        bits_RN[len(base) :],
+        tables[0]["num_bytes"].to_numpy(),
+        np.asarray(tables[0]["source"].to_pylist()),
+    )
