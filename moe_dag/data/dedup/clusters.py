@@ -161,12 +161,16 @@ def combine_versions(versions: Iterable[str]) -> str:
     return format_versions({"": (count, digest)})[""]
 
 
+def table_cluster_version(clusters: pa.Table) -> str:
+    """The version of one shard's cluster rows (one source's): what its documents' decisions are built
+    from. A source's version combines its shards' (`combine_versions`)."""
+    return next(iter(cluster_versions(clusters).values()), EMPTY_VERSION)
+
+
 def shard_cluster_version(path: str, fs: fsspec.AbstractFileSystem) -> str:
-    """The version of one cluster file (one shard of one source): what its documents' decisions are
-    built from. A source's version combines its shards' (`combine_versions`)."""
+    """`table_cluster_version` of one cluster file."""
     with fs.open(path, "rb") as handle:
-        table = pq.read_table(handle, columns=["source", "id", "cluster_id", "match"])
-    return next(iter(cluster_versions(table).values()), EMPTY_VERSION)
+        return table_cluster_version(pq.read_table(handle, columns=["source", "id", "cluster_id", "match"]))
 
 
 def file_cluster_version(lake_url: str, path: str) -> str:

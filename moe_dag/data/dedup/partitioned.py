@@ -25,7 +25,7 @@ steps, each a task per partition whose outputs are split for the next step (a ha
    back to each member.
 6. Write (per part): one `CLUSTER_SCHEMA` file per signature file, rows in the signature file's order,
    so the stage that applies them reads exactly the file of the shard it processes
-   (`cluster_file_name`), and each file's version (`shard_cluster_version`), which the driver writes
+   (`cluster_file_name`), and each file's version (`table_cluster_version`), which the driver writes
    to `<lake>/dedup_clusters/versions.json` once every file is in (`recorded_versions`).
 
 Arrival: a signature file's arrival is the clustering that first saw it (0 for the files of the first,
@@ -57,12 +57,11 @@ import pyarrow.parquet as pq
 
 from moe_dag.data.dedup.clusters import (
     CLUSTER_SCHEMA,
-    EMPTY_VERSION,
     _components,
-    cluster_versions,
     format_versions,
     pair_similarity,
     similarity_column,
+    table_cluster_version,
     version_parts,
 )
 from moe_dag.data.dedup.minhash import MinHashConfig
@@ -73,7 +72,7 @@ CLUSTERS_STAGE = "dedup_clusters"
 SIGNATURES_STAGE = "minhash_signatures"
 # In the clusters' folder: cluster file name -> the clustering that first saw the shard.
 ARRIVAL_FILE = "arrival.json"
-# In the clusters' folder: cluster file name -> its version (`shard_cluster_version`), written with the
+# In the clusters' folder: cluster file name -> its version (`table_cluster_version`), written with the
 # files, so that `deduplicated` reads one small file instead of every cluster file of its source.
 VERSIONS_FILE = "versions.json"
 _MIX = np.uint64(0x9E3779B97F4A7C15)
@@ -618,7 +617,7 @@ def _write_part(part: Part, lake_url: str, config: MinHashConfig, *survivors: pa
         rows = clusters.slice(offset, file.rows)
         lake.write_file(rows, path := posixpath.join(lake.dataset_dir(CLUSTERS_STAGE), name))
         files.append(path)
-        file_versions[name] = next(iter(cluster_versions(rows).values()), EMPTY_VERSION)
+        file_versions[name] = table_cluster_version(rows)
         offset += file.rows
     return {
         "files": files,
