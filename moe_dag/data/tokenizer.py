@@ -19,7 +19,8 @@ TOKENIZER_FILE = "tokenizer.json"
 # of the words met were encoded again from scratch; with room for every word, 2%. 2^18 entries are tens
 # of MB at most, and the cache changes no id. A cold cache costs: copying a tokenizer for each shard
 # writer, its cache empty, measured 0.84x of encode_batch in benchmarks/tokenizing.py (the baseline's
-# cache warm), so loaded tokenizers get the room (a Ray actor's warms over its shards), copies do not.
+# cache warm), so loaded tokenizers get the room (a warm worker process keeps its tokenizer over
+# shards and sources: StageSpec.warm), copies do not.
 WORD_CACHE = 1 << 18
 
 

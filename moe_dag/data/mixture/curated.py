@@ -205,6 +205,7 @@ def tokenize_curated(
         params=repr(
             (hashlib.sha256(trained.to_str().encode()).hexdigest(), config.eos_token, cuts, excluded.digest())
         ),
+        warm=True,  # the tokenizer loads once per worker process, and its word cache stays warm
     )
     keys = {
         name: list(run(spec, name, upstream_inputs(lake, SCORED_STAGE, name)).records)
