@@ -38,6 +38,8 @@ def tokenizer(pipeline: PipelineResource, ray: RayResource) -> dg.MaterializeRes
         metadata={
             "vocab_size": trained.tokenizer.get_vocab_size(),
             "training_documents": trained.documents,
+            # more than training_documents when the corpus outgrew tokenizer.max_training_documents
+            "training_documents_available": trained.available,
             "path": dg.MetadataValue.path(str(trained.path)),
         }
     )

@@ -58,8 +58,9 @@ def map_tasks(
     cpus = workers or (int(ray.available_resources().get("CPU", 1)) if this_node else cluster_cpus())
     groups = min(len(items), max(1, cpus) * TASKS_PER_CPU)
     bounds = [len(items) * g // groups for g in range(groups + 1)]
+    shipped = _shipped(fn)
     handles = [
-        remote.remote(fn, list(items[start:end])) for start, end in zip(bounds, bounds[1:], strict=False)
+        remote.remote(shipped, list(items[start:end])) for start, end in zip(bounds, bounds[1:], strict=False)
     ]
     return [result for group in ray.get(handles) for result in group]
 
@@ -72,10 +73,10 @@ def iter_tasks(
     if not _ray_connected():
         yield from map(fn, items)
         return
-    remote = _remote(this_node=False)
+    remote, shipped = _remote(this_node=False), _shipped(fn)
     pending: collections.deque = collections.deque()
     for item in items:
-        pending.append(remote.remote(fn, [item]))
+        pending.append(remote.remote(shipped, [item]))
         if len(pending) >= in_flight:
             yield from _ray_get(pending.popleft())
     while pending:
@@ -93,6 +94,17 @@ def _remote(this_node: bool):  # noqa: ANN202 (a Ray remote function)
 
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     return _REMOTE["run_group"].options(scheduling_strategy=here)
+
+
+def _shipped(fn: Callable) -> Any:
+    """`fn` put into Ray's object store once, for every task to take (Ray hands a task the value of an
+    object reference passed as an argument). Passed as it is, `fn` would be pickled into the store again
+    for each task: a partial can carry a model (the perplexity filter's, 5-13 MB on the demo corpus), and
+    each copy also stays in this process's resident shared pages (the prefilter's fit grew the driver's
+    RSS by 116 MiB at 4x the demo corpus, eight copies of two sources' models, against 54 MiB at 1x)."""
+    import ray
+
+    return ray.put(fn)
 
 
 def _ray_get(handle: Any) -> list:

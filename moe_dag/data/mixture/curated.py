@@ -4,8 +4,10 @@ Two functions, one per asset, that a script or a test calls without Dagster:
 
 - `train_curated_tokenizer`: two passes of tasks over each source's kept ids fix its held-out cut
   (heldout.py: counts, then each file's lowest hashes), a third streams the training text (kept, not held
-  out, not excluded as the neutral set or its copies) into the BPE trainer, a file at a time. The
-  tokenizer and the cuts are written together into the tokenizer's folder (`heldout_cuts.json`).
+  out, not excluded as the neutral set or its copies) into the BPE trainer, a file at a time: all of it,
+  or past `TokenizerConfig.max_training_documents` a sample on the id hash (`sample_tops`), which the
+  tasks draw, so the trainer's memory stays bounded as the corpus grows. The tokenizer and the cuts are
+  written together into the tokenizer's folder (`heldout_cuts.json`).
 - `build_curated_mixture`: each source's scored shards tokenised per shard (`TokenizeWork`, by the
   engine: Ray tasks, or a plain loop with `workers=0`), split at the stored cuts, then sampled and
   packed by `pack_mixture`. The driver reads no document and no index row: tasks return each token
@@ -59,6 +61,8 @@ MIXTURE_STAGE = "tokenized_mixture"
 TOKENS_STAGE = "tokenized_mixture/shards"
 HELDOUT_STAGE = "tokenized_mixture/heldout"
 CUTS_FILE = "heldout_cuts.json"
+# The largest id hash (`stable_hash` is 64 bits): the top of a source's training hashes.
+_MAX_HASH = (1 << 64) - 1
 
 # Brings one source's slice of a stage up to date: (spec, source, inputs) -> the run. The asset passes
 # its Ray resource's `run_stage`; a test passes the engine's `run_stage` with `workers=0`.
@@ -70,15 +74,17 @@ class TrainedTokenizer:
     tokenizer: Tokenizer
     path: Path  # the tokenizer.json written
     documents: int  # documents it was trained on
+    available: int  # training documents it could have learnt from (more than `documents` when sampled)
     cuts: dict[str, int | None]  # per source, the held-out cut on the id hash
 
 
 def heldout_cuts(
     lake: Lake, sources: list[str], config: MixtureConfig, excluded: Exclusions
-) -> dict[str, int | None]:
-    """Per source, the held-out cut on the id hash, from two passes of tasks over its kept ids: each
-    file's count of usable documents, then each file's lowest hashes, as many as the source holds out.
-    Only counts and those hashes (8 bytes a held-out document) come back here."""
+) -> tuple[dict[str, int | None], dict[str, int]]:
+    """Per source, the held-out cut on the id hash and the count of training documents (usable, not
+    held out), from two passes of tasks over its kept ids: each file's count of usable documents, then
+    each file's lowest hashes, as many as the source holds out. Only counts and those hashes (8 bytes a
+    held-out document) come back here."""
     files = _scored_files(lake, sources)
     counts = Counter()
     for (name, _), count in zip(
@@ -92,12 +98,34 @@ def heldout_cuts(
         for name in sources
     }
     lowest = map_tasks(functools.partial(_lowest_hashes, lake.url, excluded, wanted), files)
-    return {
+    cuts = {
         name: cut_of_lowest(
             [part for (source, _), part in zip(files, lowest, strict=True) if source == name], wanted[name]
         )
         for name in sources
     }
+    return cuts, {name: counts[name] - wanted[name] for name in sources}
+
+
+def sample_tops(
+    cuts: dict[str, int | None], training: dict[str, int], max_documents: int
+) -> dict[str, int | None]:
+    """Per source, the largest id hash the tokenizer trains on (None: every training document).
+
+    Within the `max_documents` when the sources' `training` documents number no more; otherwise each
+    source trains on its documents whose hash lies in the same share of its training hashes, just above
+    its held-out cut: about `max_documents` in all, each source in its own proportion. The hash is
+    uniform, so that is a uniform sample of each source, drawn from ids alone: the same on every run and
+    machine, whatever the files, and a task keeps a document by its id without seeing the others."""
+    total = sum(training.values())
+    if total <= max_documents:
+        return dict.fromkeys(cuts)
+    share = max_documents / total
+    tops = {}
+    for name, cut in cuts.items():
+        low = -1 if cut is None else cut  # training hashes lie in (low, _MAX_HASH]
+        tops[name] = low + int(share * (_MAX_HASH - low))
+    return tops
 
 
 def train_curated_tokenizer(
@@ -107,12 +135,13 @@ def train_curated_tokenizer(
     `tokenizer` folder. Tasks read the scored files; the training text reaches the trainer here one file
     at a time, in the sources' and files' order (`iter_tasks`), so this process never holds a source."""
     excluded = Exclusions(lake.url)
-    cuts = heldout_cuts(lake, sources, mixture, excluded)
+    cuts, training = heldout_cuts(lake, sources, mixture, excluded)
+    tops = sample_tops(cuts, training, config.max_training_documents)
     counted = {"documents": 0}
 
     def texts() -> Iterator[str]:
         for file_texts in iter_tasks(
-            functools.partial(_training_texts, lake.url, excluded, cuts), _scored_files(lake, sources)
+            functools.partial(_training_texts, lake.url, excluded, cuts, tops), _scored_files(lake, sources)
         ):
             counted["documents"] += len(file_texts)
             yield from file_texts
@@ -122,7 +151,13 @@ def train_curated_tokenizer(
         path = save_tokenizer(trained, folder)
         with atomic_path(folder / CUTS_FILE) as partial:
             partial.write_text(json.dumps(cuts, indent=2, sort_keys=True) + "\n")
-    return TrainedTokenizer(tokenizer=trained, path=path, documents=counted["documents"], cuts=cuts)
+    return TrainedTokenizer(
+        tokenizer=trained,
+        path=path,
+        documents=counted["documents"],
+        available=sum(training.values()),
+        cuts=cuts,
+    )
 
 
 def _scored_files(lake: Lake, sources: list[str]) -> list[tuple[str, str]]:
@@ -160,14 +195,22 @@ def _lowest_hashes(
 
 
 def _training_texts(
-    lake_url: str, excluded: Exclusions, cuts: dict[str, int | None], file: tuple[str, str]
+    lake_url: str,
+    excluded: Exclusions,
+    cuts: dict[str, int | None],
+    tops: dict[str, int | None],
+    file: tuple[str, str],
 ) -> list[str]:
+    """The text of one file's training documents the tokenizer learns from: hash above the held-out cut
+    and, when sampled, at most the source's top (`sample_tops`)."""
     source, path = file
-    return [
-        text
-        for batch in _usable_batches(lake_url, excluded, path, ["id", "text"])
-        for text in split_at_cut(batch, cuts[source])[0]["text"].to_pylist()
-    ]
+    texts = []
+    for batch in _usable_batches(lake_url, excluded, path, ["id", "text"]):
+        training = split_at_cut(batch, cuts[source])[0]
+        if tops[source] is not None:
+            training = split_at_cut(training, tops[source])[1]  # the "held" side: hash <= top
+        texts += training["text"].to_pylist()
+    return texts
 
 
 def read_heldout_cuts(lake: Lake, sources: list[str]) -> dict[str, int | None]:
