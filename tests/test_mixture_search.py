@@ -10,10 +10,13 @@ import pytest
 from moe_dag.data.mixture import MixtureConfig, SourceTokens, write_token_shard
 from moe_dag.data.mixture.search import (
     AVERAGE,
+    FitError,
+    MixingLaw,
     MixtureSearchConfig,
     config_snippet,
     epoch_cap_ok,
     fit_regressions,
+    loo_models,
     pack_candidate,
     propose,
     sample_candidates,
@@ -125,7 +128,7 @@ def _swarm(count: int, noise: float, seed: int = 0) -> tuple[np.ndarray, dict[st
 def test_the_fit_ranks_unseen_mixtures_and_the_proposal_beats_the_configured_one() -> None:
     shares, losses = _swarm(16, noise=0.002)
     fit = fit_regressions(SOURCES, shares, losses)
-    assert set(fit.loo_rmse) == {"linear", "log_linear", "quadratic", "gaussian_process"}
+    assert set(fit.loo_rmse) == {"linear", "log_linear", "quadratic", "gaussian_process", "mixing_law"}
     assert fit.loo_rmse[fit.model_name] == min(fit.loo_rmse.values())
     assert fit.spearman_loo > 0.8
     capacity = dict.fromkeys(SOURCES, 10**9)
@@ -136,6 +139,82 @@ def test_the_fit_ranks_unseen_mixtures_and_the_proposal_beats_the_configured_one
     assert proposal.predicted < fit.predict(configured)[0]
     assert proposal.predicted_interval[0] < proposal.predicted < proposal.predicted_interval[1]
     assert "mixture_weight" in config_snippet(proposal)
+
+
+# Data Mixing Laws' form per source, L_s = c_s + k_s exp(t_s . r): each source's loss falls as its own
+# share grows (t_ss < 0) and moves a little with the others'.
+_LAW_C = np.array([3.2, 4.3, 3.2])
+_LAW_K = np.array([0.25, 0.4, 0.1])
+_LAW_T = np.array([[-2.0, 1.0, 0.2], [0.8, -3.5, 0.1], [1.0, 1.8, -0.5]])
+
+
+def _law_swarm(count: int, noise: float, seed: int = 0) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    shares = rng.dirichlet(3 * np.array([WEIGHTS[s] for s in SOURCES]), size=count)
+    exact_CS = _LAW_C + _LAW_K * np.exp(shares @ _LAW_T.T)
+    losses = {s: exact_CS[:, i] + rng.normal(0, noise, count) for i, s in enumerate(SOURCES)}
+    losses[AVERAGE] = np.mean([losses[s] for s in SOURCES], axis=0)
+    return shares, losses
+
+
+def test_the_mixing_law_recovers_a_law_that_holds() -> None:
+    shares, losses = _law_swarm(16, noise=0.0)
+    unseen = np.random.default_rng(1).dirichlet([1.0, 1.0, 1.0], size=50)
+    for i, source in enumerate(SOURCES):
+        law = MixingLaw().fit(shares, losses[source])
+        # t is known up to a constant on every share (they sum to 1): the law holds t_last at 0.
+        assert law.t_J == pytest.approx(_LAW_T[i, :-1] - _LAW_T[i, -1], abs=1e-3)
+        expected = _LAW_C[i] + _LAW_K[i] * np.exp(unseen @ _LAW_T[i])
+        assert law.predict(unseen) == pytest.approx(expected, abs=1e-5)
+
+
+def test_a_law_that_holds_per_source_is_chosen_and_predicts_the_average_as_the_sources_mean() -> None:
+    shares, losses = _law_swarm(16, noise=0.002)
+    fit = fit_regressions(SOURCES, shares, losses)
+    assert fit.model_name == "mixing_law" and not fit.failed
+    assert fit.loo_rmse["mixing_law"] < 0.5 * min(e for m, e in fit.loo_rmse.items() if m != "mixing_law")
+    assert fit.spearman_loo > 0.95
+    # Every target's leave-one-out error is at the noise's scale, so the proposal's interval is too.
+    assert max(fit.target_loo_rmse.values()) < 0.005
+    unseen = np.random.default_rng(2).dirichlet([1.0, 1.0, 1.0], size=20)
+    sources_mean = np.mean([fit.predict(unseen, s) for s in SOURCES], axis=0)
+    assert fit.predict(unseen) == pytest.approx(sources_mean)
+    proposal = propose(fit, WEIGHTS, dict.fromkeys(SOURCES, 10**9), 100_000, 4.0, MixtureSearchConfig())
+    assert proposal.predicted < fit.predict(np.array([[WEIGHTS[s] for s in SOURCES]]))[0]
+    assert np.mean(list(proposal.predicted_sources.values())) == pytest.approx(proposal.predicted)
+
+
+class _NotConverged:
+    success, cost, x = False, 0.0, None
+
+
+def test_a_law_that_does_not_converge_is_left_out_of_the_choice(monkeypatch) -> None:
+    import scipy.optimize
+
+    from moe_dag.data.mixture import search
+
+    shares, losses = _law_swarm(8, noise=0.002)
+    monkeypatch.setattr(scipy.optimize, "least_squares", lambda *args, **kwargs: _NotConverged())
+    with pytest.raises(FitError, match="converged from none of its 8 starts"):
+        MixingLaw().fit(shares, losses["code"])
+    families = {name: family for name, family in loo_models().items() if name in ("linear", "mixing_law")}
+    monkeypatch.setattr(search, "loo_models", lambda: families)
+    fit = fit_regressions(SOURCES, shares, losses)
+    assert fit.model_name == "linear" and set(fit.loo_rmse) == {"linear"}
+    assert "converged from none" in fit.failed["mixing_law"]
+    monkeypatch.setattr(search, "loo_models", lambda: {"mixing_law": families["mixing_law"]})
+    with pytest.raises(FitError, match="no model family could be fitted"):
+        fit_regressions(SOURCES, shares, losses)
+
+
+def test_too_few_runs_for_the_law_leave_it_out() -> None:
+    """A search of 4 candidates fits each fold on 3 runs: fewer than the law's 4 numbers a source."""
+    shares, losses = _law_swarm(5, noise=0.002)
+    MixingLaw().fit(shares, losses["code"])  # 5 runs: one more than the law's numbers
+    with pytest.raises(FitError, match="4 runs leave it undetermined"):
+        MixingLaw().fit(shares[:4], losses["code"][:4])
+    fit = fit_regressions(SOURCES, shares[:4], {target: values[:4] for target, values in losses.items()})
+    assert "mixing_law" in fit.failed and fit.model_name != "mixing_law"
 
 
 def _documents(nll: list[float]) -> pa.Table:

@@ -7,9 +7,11 @@ Laws, Ye et al. 2024, arXiv:2403.16952).
 2. One small proxy per candidate, trained on the same token shards packed to the candidate's weights
    (`pack_candidate`: a new sampling plan over the shards, nothing tokenised again), scored on the
    neutral set (neutral.py) in bits per byte per source.
-3. `fit_regressions`: from shares to each source's loss and to their average, the target. Four model
+3. `fit_regressions`: from shares to each source's loss and to their average, the target. Five model
    families compete, each judged by its leave-one-out error on the average (`loo_models`); the one
-   with the smallest error is used. Leave-one-out because a swarm is small (tens of runs): no run can
+   with the smallest error is used. Four are regressions fitted to the average; the fifth is Data
+   Mixing Laws' exponential law fitted to each source's loss, its prediction of the average the mean of
+   the sources' (`MixingLaw`). Leave-one-out because a swarm is small (tens of runs): no run can
    be spared for a separate test set, and leaving one out scores every run as unseen while fitting on
    all but one, nearly the whole swarm. Its Spearman correlation (LOO predictions against achieved
    losses) says how well the fit ranks mixtures it has not seen, which is what choosing one needs.
@@ -135,11 +137,91 @@ def _log_shares(shares: np.ndarray) -> np.ndarray:
     return np.log(np.maximum(shares, _MIN_SHARE))
 
 
-def loo_models() -> dict[str, Callable[[], Any]]:
-    """The model families that compete, each a factory of an unfitted scikit-learn regressor: linear in
-    shares (the first-order view); linear in log shares (a source's loss falls with the log of its share,
-    the form Data Mixing Laws fit); quadratic (interactions between sources); a Gaussian process (smooth,
-    no form assumed). All ridge-regularised or noise-aware: the swarm is small. (scikit-learn is
+class FitError(ValueError):
+    """A fit that could not be made (no converged solution, or no more runs than numbers to fit): its
+    family is left out of the choice."""
+
+
+class MixingLaw:
+    """One source's loss as Data Mixing Laws' exponential law (Ye et al. 2024):
+    L(r) = c + k exp(t . r), r the shares. The shares sum to 1, so t is known only up to a constant added
+    to every t_j (absorbed by k): t_last is held at 0. Variable projection: for given t the law is linear
+    in (c, k), solved exactly, and least squares moves t alone (S - 1 numbers) from starts along the
+    linear fit's slope, both curvatures and several scales; the best converged start is kept. t is held
+    within +-T_MAX (a source's share going from 0 to 1 changes the exponential at most e^T_MAX times:
+    far steeper than any loss curve, but no overflow)."""
+
+    T_MAX = 30.0
+    _SCALES = (1.0, 2.0, 4.0, 8.0)
+
+    def fit(self, shares_CS: np.ndarray, loss_C: np.ndarray) -> MixingLaw:
+        from scipy.optimize import least_squares
+
+        numbers = shares_CS.shape[1] + 1  # c, k and t_J
+        if len(loss_C) <= numbers:
+            raise FitError(
+                f"the mixing law fits {numbers} numbers a source: {len(loss_C)} runs leave it undetermined"
+            )
+        free_CJ = shares_CS[:, :-1]
+
+        def residuals(t_J: np.ndarray) -> np.ndarray:
+            design = self._design(free_CJ, t_J)
+            return design @ _least_squares(design, loss_C) - loss_C
+
+        def from_start(t_J: np.ndarray) -> Any:
+            try:
+                result = least_squares(residuals, t_J, bounds=(-self.T_MAX, self.T_MAX))
+            except np.linalg.LinAlgError:
+                return None
+            return result if result.success and np.isfinite(result.cost) else None
+
+        slope_J = _least_squares(np.column_stack([np.ones(len(loss_C)), free_CJ]), loss_C)[1:]
+        direction_J = slope_J / max(float(np.linalg.norm(slope_J)), 1e-12)
+        starts = [sign * scale * direction_J for scale in self._SCALES for sign in (1.0, -1.0)]
+        converged = [result for result in map(from_start, starts) if result is not None]
+        if not converged:
+            raise FitError(f"the mixing law converged from none of its {len(starts)} starts")
+        self.t_J = min(converged, key=lambda result: result.cost).x
+        self.coef = _least_squares(self._design(free_CJ, self.t_J), loss_C)
+        return self
+
+    def predict(self, shares_CS: np.ndarray) -> np.ndarray:
+        return self._design(shares_CS[:, :-1], self.t_J) @ self.coef
+
+    @staticmethod
+    def _design(free_CJ: np.ndarray, t_J: np.ndarray) -> np.ndarray:
+        return np.column_stack([np.ones(len(free_CJ)), np.exp(free_CJ @ t_J)])
+
+
+def _least_squares(design: np.ndarray, target: np.ndarray) -> np.ndarray:
+    return np.linalg.lstsq(design, target, rcond=None)[0]
+
+
+@dataclass(frozen=True)
+class Family:
+    make: Callable[[], Any]  # an unfitted regressor: fit(shares_CS, loss_C), predict(shares_CS)
+    # Fitted to each source's loss, the average predicted as the mean of the sources' predictions: for a
+    # law about one source's loss (the mean of such laws is not one of them).
+    by_source: bool = False
+
+
+class _MeanOfSources:
+    def __init__(self, models: list[Any]) -> None:
+        self.models = models
+
+    def predict(self, shares_CS: np.ndarray) -> np.ndarray:
+        return np.mean([model.predict(shares_CS) for model in self.models], axis=0)
+
+
+def loo_models() -> dict[str, Family]:
+    """The model families that compete. Fitted to the average: linear in shares (the first-order
+    view); linear in log shares (a source's loss falls with the log of its share); quadratic
+    (interactions between sources); a Gaussian process (smooth, no form assumed); all ridge-regularised
+    or noise-aware, since the swarm is small. Fitted to each source (`by_source`): Data Mixing Laws'
+    exponential law (`MixingLaw`, 4 numbers a source for 3 sources). A source's loss is the simpler
+    curve: it falls as its own share grows and moves with the others' shares through what they share
+    with it. The average adds such curves of opposite slopes, and its shape is what is left of their
+    differences, which a form fitted to the average must find from the same few runs. (scikit-learn is
     imported here, not when the config loads.)"""
     from sklearn.gaussian_process import GaussianProcessRegressor
     from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
@@ -154,12 +236,15 @@ def loo_models() -> dict[str, Callable[[], Any]]:
         )
 
     return {
-        "linear": lambda: make_pipeline(StandardScaler(), RidgeCV(alphas=_ALPHAS)),
-        "log_linear": lambda: make_pipeline(
-            FunctionTransformer(_log_shares), StandardScaler(), RidgeCV(alphas=_ALPHAS)
+        "linear": Family(lambda: make_pipeline(StandardScaler(), RidgeCV(alphas=_ALPHAS))),
+        "log_linear": Family(
+            lambda: make_pipeline(FunctionTransformer(_log_shares), StandardScaler(), RidgeCV(alphas=_ALPHAS))
         ),
-        "quadratic": lambda: make_pipeline(PolynomialFeatures(2), StandardScaler(), RidgeCV(alphas=_ALPHAS)),
-        "gaussian_process": gaussian_process,
+        "quadratic": Family(
+            lambda: make_pipeline(PolynomialFeatures(2), StandardScaler(), RidgeCV(alphas=_ALPHAS))
+        ),
+        "gaussian_process": Family(gaussian_process),
+        "mixing_law": Family(MixingLaw, by_source=True),
     }
 
 
@@ -182,29 +267,52 @@ class SearchFit:
     spearman_loo: float
     models: dict[str, Any]  # target (AVERAGE or a source) -> the chosen kind fitted on every candidate
     target_loo_rmse: dict[str, float]  # target -> the chosen kind's leave-one-out RMSE
+    failed: dict[str, str] = dataclasses.field(default_factory=dict)  # family -> why its fit failed
 
     def predict(self, shares_CS: np.ndarray, target: str = AVERAGE) -> np.ndarray:
         return self.models[target].predict(shares_CS)
 
 
+def _rmse(predicted: np.ndarray, achieved: np.ndarray) -> float:
+    return float(np.sqrt(np.mean((predicted - achieved) ** 2)))
+
+
 def fit_regressions(sources: list[str], shares_CS: np.ndarray, losses: dict[str, np.ndarray]) -> SearchFit:
     """Choose the model family by leave-one-out RMSE on `losses[AVERAGE]`, then fit it to every target
-    (AVERAGE and each source) on all candidates."""
+    (AVERAGE and each source) on all candidates. A family whose fit fails in a fold (`FitError`) is left
+    out of the choice, with the reason in `failed`."""
     from scipy.stats import spearmanr
 
     average_C = losses[AVERAGE]
     families = loo_models()
-    loo = {name: leave_one_out(make, shares_CS, average_C) for name, make in families.items()}
-    rmse = {name: float(np.sqrt(np.mean((pred - average_C) ** 2))) for name, pred in loo.items()}
+    loo: dict[str, dict[str, np.ndarray]] = {}  # family -> target -> [C] leave-one-out predictions
+    failed: dict[str, str] = {}
+    for name, family in families.items():
+        try:
+            if family.by_source:
+                # Each fold fits every source on the same candidates: the mean of the sources'
+                # predictions is the fold's prediction of the average.
+                loo[name] = {s: leave_one_out(family.make, shares_CS, losses[s]) for s in sources}
+                loo[name][AVERAGE] = np.mean([loo[name][s] for s in sources], axis=0)
+            else:
+                loo[name] = {AVERAGE: leave_one_out(family.make, shares_CS, average_C)}
+        except FitError as error:
+            failed[name] = str(error)
+    if not loo:
+        raise FitError(f"no model family could be fitted to the swarm: {failed}")
+    rmse = {name: _rmse(predicted[AVERAGE], average_C) for name, predicted in loo.items()}
     chosen = min(rmse, key=rmse.__getitem__)
-    make = families[chosen]
-    target_rmse = {AVERAGE: rmse[chosen]}
-    for source in sources:
-        predicted = leave_one_out(make, shares_CS, losses[source])
-        target_rmse[source] = float(np.sqrt(np.mean((predicted - losses[source]) ** 2)))
-    models = {target: make().fit(shares_CS, values) for target, values in losses.items()}
-    rho = spearmanr(loo[chosen], average_C).statistic
-    return SearchFit(sources, chosen, rmse, loo[chosen], float(rho), models, target_rmse)
+    family, predicted = families[chosen], loo[chosen]
+    predicted |= {s: leave_one_out(family.make, shares_CS, losses[s]) for s in sources if s not in predicted}
+    target_rmse = {target: _rmse(values, losses[target]) for target, values in predicted.items()}
+    models: dict[str, Any] = {s: family.make().fit(shares_CS, losses[s]) for s in sources}
+    models[AVERAGE] = (
+        _MeanOfSources([models[s] for s in sources])
+        if family.by_source
+        else family.make().fit(shares_CS, average_C)
+    )
+    rho = spearmanr(predicted[AVERAGE], average_C).statistic
+    return SearchFit(sources, chosen, rmse, predicted[AVERAGE], float(rho), models, target_rmse, failed)
 
 
 @dataclass
