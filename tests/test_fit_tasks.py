@@ -1,16 +1,23 @@
 """What the prefilter's fit costs the driver and the workers beyond its filters (issue 19): the function a
 map of tasks runs (a partial that can carry the perplexity model) is pickled into Ray's object store
-once, not once a task group, and a worker keeps the language ID models of the filters it ran."""
+once, not once a task group; a worker keeps the language ID models of the filters it ran; and the fit
+sample goes to tasks in pieces of whole row groups, so a sample in a few large shards still spreads."""
 
 from __future__ import annotations
 
 import pickle
 import sys
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+from test_dedup_backfill import sentence_text
 
 from moe_dag.data import fits
+from moe_dag.data.filters import PrefilterConfig, build_prefilters
 from moe_dag.data.filters.language import LanguageFilter
+from moe_dag.data.filters.perplexity import PerplexityConfig
+from moe_dag.data.lake import Lake
 from moe_dag.data.tasks import iter_tasks, map_tasks
 
 
@@ -45,3 +52,41 @@ def test_a_worker_reuses_the_filters_it_warmed_and_only_those():
     assert again is first and again[0]._fasttext is not None
     other = pickle.loads(pickle.dumps([LanguageFilter(languages=["de"])]))
     assert fits._warm(other) is other
+
+
+def test_the_sample_is_cut_into_pieces_of_whole_row_groups(monkeypatch):
+    monkeypatch.setattr(fits, "FIT_TASK_ROWS", 10)
+    pieces = fits._pieces(["a", "b", "c"], [[4, 4, 4, 0], [25, 3], [5]], 39)
+    assert [(p.path, p.groups, p.start, p.rows) for p in pieces] == [
+        ("a", (0, 1), 0, 8),
+        ("a", (2, 3), 8, 4),
+        ("b", (0,), 0, 25),  # a group over the size is a piece of its own
+        ("b", (1,), 25, 2),  # the sample ends inside it
+    ]
+    assert fits._pieces(["a", "b"], [[], [0]], 10) == []
+
+
+@pytest.mark.parametrize("max_documents", [37, 100_000])
+def test_the_fit_made_in_pieces_is_the_fit_made_here(tmp_path, monkeypatch, max_documents):
+    """Files of several row groups, pieces smaller than a file, a sample that ends inside a group: the
+    same model, cuts and version as the fit made in this process on the same rows."""
+    monkeypatch.setattr(fits, "FIT_TASK_ROWS", 10)
+    lake = Lake(tmp_path)
+    for shard in range(3):
+        ids = [f"web/{shard}-{i}" for i in range(23)]
+        texts = [sentence_text(100 * shard + i, words=30 + 7 * i) for i in range(23)]
+        texts[5] = "too short"  # dropped by the rules ahead of the perplexity filter
+        path = lake.shard_path("raw_documents", "web", f"shard-{shard}")
+        lake.fs.makedirs(lake.dataset_dir("raw_documents", "web"), exist_ok=True)
+        with lake.fs.open(path, "wb") as handle:
+            pq.write_table(pa.table({"id": ids, "text": texts}), handle, row_group_size=4)
+    settings = PrefilterConfig(perplexity=PerplexityConfig(min_documents=10, reference_documents=20))
+
+    def filters() -> list:
+        return build_prefilters(settings, "web", None)
+
+    here = fits.fit_source(filters(), lake.iter_batches("raw_documents", "web"), max_documents, "s")
+    in_tasks = fits.fit_source_in_tasks(filters(), lake, "raw_documents", "web", max_documents, "s")
+    assert in_tasks.documents == here.documents == min(max_documents, 69)
+    assert in_tasks.describe() == here.describe() and in_tasks.version == here.version
+    assert in_tasks.filters["perplexity"].model is not None

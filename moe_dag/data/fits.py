@@ -14,11 +14,13 @@ settings changed since the stored one (which includes `prefilter.refit`, the exp
 a source, or globally). `refit_changes` says beforehand which stored decisions a refit would change.
 
 `fit_source` fits on batches handed to this process (the reference, and `moe-dag refit`'s preview);
-`fit_source_in_tasks` makes the same fit where the data is: Ray tasks take each shard's share of the
-fit sample, run the filters ahead of the fitted one on it and return the positions of the rows that
-reach it (with the columns it reads); one task trains the perplexity model on the reference rows;
-tasks score the rows that reached it; this process sets the cuts from those scores. What comes back is
-positions, languages and one float per document of the fit sample, never text.
+`fit_source_in_tasks` makes the same fit where the data is: Ray tasks take the fit sample in pieces of
+whole row groups (at most `FIT_TASK_ROWS` rows each, so a sample that lies in a few large shards still
+spreads over the workers), run the filters ahead of the fitted one on their piece and return the
+positions of the rows that reach it (with the columns it reads); one task trains the perplexity model
+on the reference rows; tasks score the rows that reached it, piece by piece; this process sets the cuts
+from those scores. What comes back is positions, languages and one float per document of the fit
+sample, never text.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import pyarrow.parquet as pq
 from moe_dag.data.atomic import atomic_write
 from moe_dag.data.filters import DocumentFilter, fit_to_source, run_filters
 from moe_dag.data.filters.perplexity import NgramLanguageModel, PerplexityFilter
-from moe_dag.data.lake import Lake, read_batches
+from moe_dag.data.lake import Lake
 from moe_dag.data.tasks import map_tasks
 
 FITS = "fits"
@@ -50,6 +52,22 @@ CURRENT = "current.json"
 # 0.6 s of CPU a load; 8 groups a phase on 2 workers), so a worker keeps the copy it warmed. One entry:
 # a fit runs one list of filters at a time.
 _WARM: dict[bytes, list[DocumentFilter]] = {}
+# Rows of the fit sample one task takes at most, in whole row groups (a row group larger than this is a
+# piece of its own): a shard of 10^5 documents, which language ID and the rules take minutes over, is
+# then several tasks rather than one straggler.
+FIT_TASK_ROWS = 20_000
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """Some consecutive row groups of one file, the fit sample's first `rows` rows of them."""
+
+    path: str
+    groups: tuple[int, ...]
+    start: int  # the piece's first row in the file
+    rows: int
+
+
 _NO_CHANGE = pa.table({name: pa.array([], pa.string()) for name in ("id", "reason_before", "reason_after")})
 
 
@@ -104,12 +122,9 @@ def fit_source_in_tasks(
     if not any(f.whole_table for f in filters):
         return _fit({}, settings, 0)
     files = lake.parquet_files(stage, source)
-    rows = map_tasks(functools.partial(_file_rows, lake.url), files, workers=workers)
-    prefixes, left = [], max_documents
-    for path, count in zip(files, rows, strict=True):
-        if left > 0 and count > 0:
-            prefixes.append((path, min(count, left)))
-            left -= prefixes[-1][1]
+    groups = map_tasks(functools.partial(_row_groups, lake.url), files, workers=workers)
+    pieces = _pieces(files, groups, max_documents)
+    taken = sum(piece.rows for piece in pieces)
     fitted = list(filters)
     for position, doc_filter in enumerate(fitted):
         if not doc_filter.whole_table:
@@ -117,15 +132,35 @@ def fit_source_in_tasks(
         if not isinstance(doc_filter, PerplexityFilter):
             raise TypeError(f"{doc_filter.name!r}: only the perplexity filter is fitted in tasks")
         reach = functools.partial(_reaching, lake.url, fitted[:position], doc_filter.inputs)
-        reached = map_tasks(reach, prefixes, workers=workers)
-        fitted[position] = _fit_perplexity(doc_filter, lake.url, prefixes, reached, workers)
-    return _fit({f.name: f for f in fitted if f.whole_table}, settings, max_documents - left)
+        reached = map_tasks(reach, pieces, workers=workers)
+        fitted[position] = _fit_perplexity(doc_filter, lake.url, pieces, reached, workers)
+    return _fit({f.name: f for f in fitted if f.whole_table}, settings, taken)
+
+
+def _pieces(files: list[str], groups: list[list[int]], max_documents: int) -> list[_Piece]:
+    """The first `max_documents` rows of `files` (whose row groups hold `groups` rows) in pieces of
+    consecutive row groups of one file, each of at most FIT_TASK_ROWS rows unless one group holds more."""
+    pieces, left = [], max_documents
+    for path, sizes in zip(files, groups, strict=True):
+        start, run, rows = 0, [], 0  # the piece being gathered: its first row, groups and rows
+        for index, size in enumerate(sizes):
+            if left <= 0:
+                break
+            if run and rows + min(size, left) > FIT_TASK_ROWS:
+                pieces.append(_Piece(path, tuple(run), start, rows))
+                start, run, rows = start + rows, [], 0
+            run.append(index)
+            rows += min(size, left)
+            left -= min(size, left)
+        if rows:
+            pieces.append(_Piece(path, tuple(run), start, rows))
+    return pieces
 
 
 def _fit_perplexity(
     doc_filter: PerplexityFilter,
     lake_url: str,
-    prefixes: list[tuple[str, int]],
+    pieces: list[_Piece],
     reached: list[tuple[np.ndarray, dict[str, list]]],
     workers: int | None,
 ) -> PerplexityFilter:
@@ -139,8 +174,8 @@ def _fit_perplexity(
     else:
         # Global positions among the rows that reached the filter -> (file, row in the file).
         where = [
-            (path, int(row))
-            for (path, _), (positions, _) in zip(prefixes, reached, strict=True)
+            (piece.path, piece.start + int(row))
+            for piece, (positions, _) in zip(pieces, reached, strict=True)
             for row in positions
         ]
         [doc_filter.model] = map_tasks(
@@ -151,34 +186,32 @@ def _fit_perplexity(
     score = functools.partial(_perplexities, lake_url, doc_filter.model)
     scores = map_tasks(
         score,
-        [(path, positions) for (path, _), (positions, _) in zip(prefixes, reached, strict=True)],
+        [(piece, positions) for piece, (positions, _) in zip(pieces, reached, strict=True)],
         workers=workers,
     )
     languages = [language for _, inputs in reached for language in inputs.get("language", [])]
     return doc_filter.fit_cuts(np.concatenate([np.zeros(0), *scores]), languages or None)
 
 
-def _file_rows(lake_url: str, path: str) -> int:
+def _row_groups(lake_url: str, path: str) -> list[int]:
+    """Rows of each row group of one file."""
     with Lake(lake_url).fs.open(path, "rb") as handle:
-        return pq.ParquetFile(handle).metadata.num_rows
+        metadata = pq.ParquetFile(handle).metadata
+        return [metadata.row_group(index).num_rows for index in range(metadata.num_row_groups)]
 
 
-def _prefix(lake: Lake, path: str, rows: int) -> pa.Table:
-    """The first `rows` rows of one file, reading no further batch than needed."""
-    batches, taken = [], 0
-    for batch in read_batches(path, lake.fs):
-        batches.append(batch.slice(0, rows - taken))
-        taken += batches[-1].num_rows
-        if taken >= rows:
-            break
-    return pa.concat_tables(batches)
+def _read_piece(lake_url: str, piece: _Piece, columns: list[str] | None = None) -> pa.Table:
+    with Lake(lake_url).fs.open(piece.path, "rb") as handle:
+        return (
+            pq.ParquetFile(handle).read_row_groups(list(piece.groups), columns=columns).slice(0, piece.rows)
+        )
 
 
 def _reaching(
-    lake_url: str, before: list[DocumentFilter], inputs: tuple[str, ...], prefix: tuple[str, int]
+    lake_url: str, before: list[DocumentFilter], inputs: tuple[str, ...], piece: _Piece
 ) -> tuple[np.ndarray, dict[str, list]]:
-    """Positions in one file's prefix of the rows `before` keeps, and the `inputs` columns of those rows."""
-    decided, _ = run_filters(_prefix(Lake(lake_url), *prefix), _warm(before))
+    """Positions in one piece of the rows `before` keeps, and the `inputs` columns of those rows."""
+    decided, _ = run_filters(_read_piece(lake_url, piece), _warm(before))
     positions = np.flatnonzero(decided["keep"].to_numpy(zero_copy_only=False)).astype(np.int64)
     kept = decided.take(positions)
     return positions, {name: kept[name].to_pylist() for name in inputs if name in kept.column_names}
@@ -207,9 +240,11 @@ def _train_model(lake_url: str, order: int, where: list[tuple[str, int]]) -> Ngr
     return NgramLanguageModel.fit([texts[place] for place in where], order=order)
 
 
-def _perplexities(lake_url: str, model: NgramLanguageModel, rows: tuple[str, np.ndarray]) -> np.ndarray:
-    path, positions = rows
-    texts = _texts(Lake(lake_url), path, positions.tolist()) if len(positions) else []
+def _perplexities(lake_url: str, model: NgramLanguageModel, rows: tuple[_Piece, np.ndarray]) -> np.ndarray:
+    piece, positions = rows
+    texts = (
+        _read_piece(lake_url, piece, ["text"])["text"].take(positions).to_pylist() if len(positions) else []
+    )
     return np.array([model.perplexity(text) for text in texts], dtype=np.float64)
 
 
