@@ -68,7 +68,10 @@ REPORT_FILE = "mixture.json"
 SHARDS_DIR = "shards"
 SOURCE_TOKENS_FILE = "train_source_tokens.npy"
 PLAN_FILE = "train_plan.npy"
-PACK_CHUNK_TOKENS = 1 << 22  # tokens per packing chunk: its gather indices take 16 bytes a token
+# Tokens per packing chunk. A chunk's task holds about 20 bytes a token of gather positions (_pack_rows),
+# so 2^20 keeps a packing worker within ~25 MB of its baseline at any corpus size (2^22 took ~110 MB at 16x
+# the demo corpus), and a mixture of a few million tokens still makes enough chunks for every worker.
+PACK_CHUNK_TOKENS = 1 << 20
 
 HELDOUT_SCHEMA = pa.schema(
     [
@@ -321,7 +324,7 @@ def _pack_rows(
     `counts_RS` from the draws that overlap them: per source and shard, one gather of their tokens."""
     out = rows_RT.reshape(-1)
     end = begin + len(out)
-    column_T = np.zeros(len(out), dtype=np.int32)
+    column_T = np.zeros(len(out), dtype=np.min_scalar_type(len(sources)))
     first = int(np.searchsorted(starts_P + lengths_P, begin, side="right"))
     last = int(np.searchsorted(starts_P, end, side="left"))
     draws = np.arange(first, last)
@@ -336,9 +339,14 @@ def _pack_rows(
             if not here.any():
                 continue
             n = taken[here]
-            within = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
-            read = np.repeat(shard.offsets[index[here]] + skipped[here], n) + within
-            write = np.repeat(low[here] - begin, n) + within
+            # Positions within the chunk fit int32 (PACK_CHUNK_TOKENS); positions in the shard may not.
+            within = np.arange(int(n.sum()), dtype=np.int32)
+            within -= np.repeat((np.cumsum(n) - n).astype(np.int32), n)
+            write = np.repeat((low[here] - begin).astype(np.int32), n)
+            write += within
+            read = np.repeat(shard.offsets[index[here]] + skipped[here], n)
+            read += within
+            del within
             out[write] = shard.tokens[read]
             column_T[write] = column
     by_row = column_T.reshape(rows_RT.shape)
