@@ -550,13 +550,16 @@ def test_the_unfiltered_mixture_is_built_per_shard_without_raw_text_in_this_proc
             return _original(stage, *args, **kwargs)
 
         setattr(lake, method, counting)
-    built = build_unfiltered_mixture(
-        lake,
-        ["cc", "code", "math"],
-        CONFIG,
-        lambda spec, s, inputs: run_stage(spec, lake, s, inputs, workers=0),
-    )
+    specs = []
+
+    def run(spec, s, inputs):
+        specs.append(spec)
+        return run_stage(spec, lake, s, inputs, workers=0)
+
+    built = build_unfiltered_mixture(lake, ["cc", "code", "math"], CONFIG, run)
     assert reads["raw_documents"] == 0
+    # One tokenizer per worker process: one loaded per shard left a few MB a shard behind in the worker.
+    assert [spec.warm for spec in specs if "unfiltered_mixture/shards" in spec.outputs] == [True] * 3
     assert len(lake.records("unfiltered_mixture/shards", "code")) == 2
 
     kept, removed = unfiltered_documents(raw, {"cc-0", "cc-1", "code-5"}, clusters)

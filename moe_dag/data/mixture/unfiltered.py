@@ -215,6 +215,10 @@ def build_unfiltered_mixture(
         ),
         # A retrained tokenizer, or another set left out, retokenises every shard.
         params=_digest(tokenizer.to_str(), config.eos_token, *(sorted(rule) for rule in rules)),
+        # One tokenizer per worker process, as tokenize_curated's: each tokenizer loaded and used leaves
+        # a few MB its drop does not give back (tokenizers 0.23: ~7 MB a shard of the demo corpus), so a
+        # fresh one per shard grew a worker with the shards it ran; warm, its word cache also stays warm.
+        warm=True,
     )
     keys, counts = {}, []
     for name in sorted(sources):
