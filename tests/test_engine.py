@@ -388,7 +388,7 @@ def test_a_split_shard_redoes_only_its_unfinished_blocks(tmp_path, local_ray):
     lake = big_shard(tmp_path, "lake")
     spec, [shard] = fitted_prefilter_spec(lake), upstream_inputs(lake, "raw_documents", "web")
     first, second = split(shard, BIG_SHARD, 2)
-    assert (first.rows, second.rows) == ((0, 2048), (2048, BIG_SHARD))  # whole read batches
+    assert (first.span, second.span) == ((0, 2048), (2048, BIG_SHARD))  # whole read batches
     # What a run killed before its first block finished left behind.
     assert "error" not in process_shard(spec, spec.make_work(), lake, "web", second)
     assert lake.records("prefiltered", "web") == {}  # no shard record before every block is in

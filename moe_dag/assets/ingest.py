@@ -38,7 +38,14 @@ def raw_documents(
 ) -> dg.MaterializeResult:
     """Every record of every shard of the source: a document row, or a quarantine row with its error."""
     source = pipeline.config.source(context.partition_key)
-    run = ingest_source(pipeline.lake, source.name, source.shards, workers=ray.workers, log=context.log.info)
+    run = ingest_source(
+        pipeline.lake,
+        source.name,
+        source.shards,
+        workers=ray.workers,
+        log=context.log.info,
+        min_block_rows=ray.min_block_rows,
+    )
     ledger = record_ingested(context, pipeline.config, source.name, run.records)
     counts = run.counts
     documents, quarantined = counts.get("kept", 0), counts.get("quarantined", 0)

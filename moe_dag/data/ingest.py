@@ -7,7 +7,9 @@ line and an error naming where the id was first seen. The rule depends only on t
 adding, changing or removing a shard gives the same lake as reading the source from scratch:
 
 - shards are read in parallel (`IngestWork`), each on its own, so repeats across shards are found
-  afterwards, out of core, by one DuckDB query over the source's `raw_documents` files;
+  afterwards, out of core, by one DuckDB query over the source's `raw_documents` files (a large shard
+  with workers to spare is read in blocks, joined into the file an unsplit read writes: the engine's
+  blocks, `moe_dag.data.engine.blocks`);
 - a shard whose rows move is rewritten and gets a new digest, so the stages after it redo it;
 - when a shard is removed or changed, the shards that had quarantined repeats are read again from
   their raw files, because the row they repeated may be gone.
@@ -24,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from moe_dag.data.engine import ShardInput, StageRun, StageSpec, raw_shard_inputs, run_stage
+from moe_dag.data.engine.blocks import MIN_BLOCK_BYTES
 from moe_dag.data.engine.shards import digest_text, file_sizes
 from moe_dag.data.engine.stages import IngestWork
 from moe_dag.data.lake import Lake
@@ -53,11 +56,24 @@ def ingest_source(
     *,
     workers: int | None = None,
     log: Callable[[str], None] | None = None,
+    min_block_rows: int | None = None,
+    min_block_bytes: int = MIN_BLOCK_BYTES,
 ) -> StageRun:
-    """Bring `raw_documents` and `quarantine` of `source` up to date with the shards under `location`."""
+    """Bring `raw_documents` and `quarantine` of `source` up to date with the shards under `location`.
+    With fewer shards to read than workers, a shard splits into blocks of at least `min_block_bytes`
+    bytes (JSON lines) or `min_block_rows` rows (parquet), as `run_stage` splits; None: never."""
     inputs = raw_shard_inputs(list_shards(location), location)
     _reread_after_changes(lake, source, inputs)
-    run = run_stage(INGEST, lake, source, inputs, workers=workers, log=log)
+    run = run_stage(
+        INGEST,
+        lake,
+        source,
+        inputs,
+        workers=workers,
+        log=log,
+        min_block_rows=min_block_rows,
+        min_block_bytes=min_block_bytes,
+    )
     moved = quarantine_repeated_ids(lake, source)
     if moved and log:
         log(f"raw_documents [{source}]: {moved} rows with a repeated id moved to the quarantine")

@@ -27,14 +27,31 @@ within one source are quarantined after all its shards are read (`moe_dag.data.d
 
 `read_shard_batches` streams a shard in pieces of a bounded number of documents, so a stage never holds
 a whole shard; `read_shard` and `read_shards` concatenate them for tests and small inputs.
+
+A large shard can also be read in blocks, each on its own (`shard_spans`, `read_block_batches`), so
+that one shard keeps several workers busy (the engine's blocks, `moe_dag.data.engine.blocks`):
+
+- an uncompressed JSON-lines shard by byte ranges: a block owns the lines that *start* in its range,
+  so it begins at the first line start at or after its first byte and reads on past its last byte to
+  the end of its last line (line ends as above: a CRLF is never cut, a BOM is dropped only at byte 0);
+- a parquet shard by row groups: a block owns whole row groups;
+- a compressed shard (gzip, zstd) cannot be entered in the middle of its stream: it is never split.
+
+A block numbers its lines from 1 and says how many line numbers it used (`BlockRead.lines`, the
+line ends in its bytes or its rows), so that the join can renumber them through the shard without
+any block reading the bytes before its own. The whole file's checksum for the ledger is taken when
+the blocks are joined (`joined_read`), which also checks that every block read the same file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import gzip
 import hashlib
+import itertools
 import json
+import math
 import re
 import zlib
 from collections.abc import Callable, Iterator, Sequence
@@ -79,6 +96,16 @@ class ShardBytes:
     mtime: float | None
 
 
+@dataclass(frozen=True)
+class BlockRead:
+    """What one block of a shard saw: the file's size and mtime when it opened it, and how many line
+    numbers its lines took (the next block's lines are numbered on from there)."""
+
+    size: int
+    mtime: float | None
+    lines: int
+
+
 @dataclass
 class ShardReadResult:
     documents: pa.Table  # DOCUMENT_SCHEMA
@@ -87,7 +114,8 @@ class ShardReadResult:
     # JSON record on a line holding several, plus one for the cut record of a truncated stream. A reader
     # that lost a row would break documents + quarantine == this.
     records_read: int
-    read: ShardBytes | None = None  # on the last piece of a shard: the bytes it was read from
+    # On the last piece: the bytes the shard was read from, or what a block of it saw.
+    read: ShardBytes | BlockRead | None = None
 
 
 def new_checksum() -> Any:
@@ -144,27 +172,157 @@ def read_shard_batches(path: str, source: str, batch_rows: int = BATCH_ROWS) -> 
     """One shard as pieces of at most `batch_rows` documents (plus the quarantine rows met meanwhile);
     the last piece carries the `ShardBytes` it was read from."""
     builder = _TableBuilder(shard=path, source=source)
+    with _opened(path) as (opened, info):
+        raw = _HashingReader(opened)
+        if path.endswith(".parquet"):
+            _read_to_end(raw)  # hashed whole, then read at random
+            opened.seek(0)
+            pieces = _read_parquet(opened, path, builder)
+        else:
+            pieces = _read_json_lines(decompressed_chunks(raw, path), builder)
+        yield from _flushed(pieces, builder, batch_rows)
+        read = raw.bytes_read(_mtime(info))
+    yield builder.flush(read)
+
+
+def read_block_batches(
+    path: str, source: str, span: tuple[int, int], batch_rows: int = BATCH_ROWS
+) -> Iterator[ShardReadResult]:
+    """One block of a shard (a span of `shard_spans`), read as `read_shard_batches` reads the whole: the
+    lines that start in bytes [start, stop) of a JSON-lines shard, or the row groups that start in rows
+    [start, stop) of a parquet shard. Lines are numbered from 1 within the block; the last piece carries
+    the block's `BlockRead`."""
+    builder = _TableBuilder(shard=path, source=source)
+    with _opened(path) as (opened, info):
+        if path.endswith(".parquet"):
+            yield from _flushed(_read_parquet(opened, path, builder, span), builder, batch_rows)
+            lines = builder.last_line
+        elif _seekable(path):
+            first, end = _line_start(opened, span[0]), _line_start(opened, span[1])
+            chunks = _byte_range(opened, first, end)
+            # Only the shard's first line can begin with the BOM that is dropped.
+            pieces = _read_json_lines(_without_bom(chunks) if first == 0 else chunks, builder)
+            yield from _flushed(pieces, builder, batch_rows)
+            lines = builder.last_line - 1  # the line after the block's last line end is the next block's
+        else:
+            raise ShardReadError(f"shard {path!r} is compressed: it can only be read from its start")
+        read = BlockRead(size=int(info["size"]), mtime=_mtime(info), lines=lines)
+    yield builder.flush(read)
+
+
+@contextlib.contextmanager
+def _opened(path: str) -> Iterator[tuple[IO[bytes], dict[str, Any]]]:
+    """The shard's file opened for reading, with its `info` (size, modification time) as it was
+    opened; `ShardReadError` when it cannot be opened or read."""
     try:
         fs, bare = fsspec.core.url_to_fs(path)
-        mtime = _mtime(fs.info(bare))
+        info = fs.info(bare)
         with fs.open(bare, "rb") as opened:
-            raw = _HashingReader(opened)
-            if path.endswith(".parquet"):
-                for _ in iter(lambda: raw.read(CHUNK_BYTES), b""):  # hashed whole, then read at random
-                    pass
-                opened.seek(0)
-                pieces = _read_parquet(opened, path, builder)
-            else:
-                pieces = _read_json_lines(raw, path, builder)
-            for _ in pieces:
-                if builder.pending_rows >= batch_rows:
-                    yield builder.flush()
-            read = raw.bytes_read(mtime)
+            yield opened, info
     except FileNotFoundError as e:
         raise ShardReadError(f"shard {path!r} does not exist") from e
     except OSError as e:
         raise ShardReadError(f"shard {path!r} cannot be read: {e}") from e
-    yield builder.flush(read)
+
+
+def _flushed(pieces: Iterator[None], builder: _TableBuilder, batch_rows: int) -> Iterator[ShardReadResult]:
+    for _ in pieces:
+        if builder.pending_rows >= batch_rows:
+            yield builder.flush()
+
+
+def _read_to_end(raw: IO[bytes]) -> None:
+    for _ in iter(lambda: raw.read(CHUNK_BYTES), b""):
+        pass
+
+
+def _seekable(path: str) -> bool:
+    """Whether a line-based shard's bytes are its lines, so that it can be entered at any byte."""
+    return path.endswith(".jsonl")
+
+
+def shard_spans(path: str, blocks: int, min_rows: int, min_bytes: int) -> list[tuple[int, int]]:
+    """At most `blocks` spans that read shard `path` in blocks (`read_block_batches`), or [] when it
+    stays whole: even byte ranges of a JSON-lines shard, none under `min_bytes`; row ranges of a
+    parquet shard in whole row groups, each at least an even share and none under `min_rows`; never
+    a compressed shard."""
+    fs, bare = fsspec.core.url_to_fs(path)
+    if path.endswith(".parquet"):
+        with fs.open(bare, "rb") as handle:
+            metadata = pq.ParquetFile(handle).metadata
+        groups = [metadata.row_group(index).num_rows for index in range(metadata.num_row_groups)]
+        return _row_group_spans(groups, min(blocks, sum(groups) // min_rows), min_rows)
+    if not _seekable(path):
+        return []
+    size = int(fs.info(bare)["size"])
+    count = min(blocks, size // min_bytes)
+    if count < 2:
+        return []
+    step = math.ceil(size / count)
+    return [(start, min(start + step, size)) for start in range(0, size, step)]
+
+
+def _row_group_spans(groups: list[int], count: int, min_rows: int) -> list[tuple[int, int]]:
+    """Row ranges over whole row groups (of `groups` rows each): each closes at the first group end
+    past an even share of the rows, and a last one under `min_rows` joins the one before."""
+    if count < 2:
+        return []
+    total, spans, start, position = sum(groups), [], 0, 0
+    for rows in groups:
+        position += rows
+        if position - start >= total / count:
+            spans.append((start, position))
+            start = position
+    if start < total:
+        if spans and total - start < min_rows:
+            spans[-1] = (spans[-1][0], total)
+        else:
+            spans.append((start, total))
+    return spans if len(spans) > 1 else []
+
+
+def joined_read(path: str, reads: list[dict[str, Any]]) -> ShardBytes:
+    """The `ShardBytes` of a shard read in blocks (`reads`: their `BlockRead`s, as dicts): the file
+    hashed now, once it is clear every block read this very file (its size and mtime); else the shard
+    changed while its blocks were read, and they may hold different versions of it."""
+    with _opened(path) as (opened, info):
+        raw = _HashingReader(opened)
+        _read_to_end(raw)
+        read = raw.bytes_read(_mtime(info))
+    seen = {(block["size"], block["mtime"]) for block in reads}
+    if seen != {(read.size, read.mtime)}:
+        raise ShardReadError(f"shard {path!r} changed while its blocks were read; read it again")
+    return read
+
+
+def _line_start(handle: IO[bytes], offset: int) -> int:
+    """The first byte at or after `offset` where a line starts (the end of the file when none does)."""
+    if offset <= 0:
+        return 0
+    handle.seek(offset - 1)
+    base, data = offset - 1, b""
+    while True:
+        chunk = handle.read(CHUNK_BYTES)
+        data += chunk
+        # Searching from the byte before `offset`, the first line end found ends at `offset` or later.
+        end = LINE_END.search(data)
+        if end is not None and (end.group() != b"\r" or end.end() < len(data) or not chunk):
+            return base + end.end()
+        if not chunk:
+            return base + len(data)
+        keep = data[-1:] if data.endswith(b"\r") else b""  # a CR that may be the first half of a CRLF
+        base, data = base + len(data) - len(keep), keep
+
+
+def _byte_range(handle: IO[bytes], start: int, stop: int) -> Iterator[bytes]:
+    handle.seek(start)
+    position = start
+    while position < stop:
+        chunk = handle.read(min(CHUNK_BYTES, stop - position))
+        if not chunk:
+            return
+        position += len(chunk)
+        yield chunk
 
 
 def _mtime(info: dict[str, Any]) -> float | None:
@@ -182,12 +340,13 @@ def _concat(results: list[ShardReadResult]) -> ShardReadResult:
     )
 
 
-def _read_json_lines(raw: IO[bytes], path: str, builder: _TableBuilder) -> Iterator[None]:
-    """Feed every line to `builder`, yielding after each line so the caller can flush a batch."""
+def _read_json_lines(chunks: Iterator[bytes], builder: _TableBuilder) -> Iterator[None]:
+    """Feed every line of `chunks` to `builder`, yielding after each line so the caller can flush a
+    batch."""
     line_no = 0
     pending = b""
     try:
-        for chunk in decompressed_chunks(raw, path):
+        for chunk in chunks:
             lines = LINE_END.split(pending + chunk)
             pending = lines.pop()
             if chunk.endswith(b"\r"):
@@ -286,7 +445,10 @@ def _zstd_chunks(raw: IO[bytes], path: str) -> Iterator[bytes]:
         raise _truncated(raw)
 
 
-def _read_parquet(raw: IO[bytes], path: str, builder: _TableBuilder) -> Iterator[None]:
+def _read_parquet(
+    raw: IO[bytes], path: str, builder: _TableBuilder, rows: tuple[int, int] | None = None
+) -> Iterator[None]:
+    """Feed every row to `builder` (with `rows`, those of the row groups that start in [start, stop))."""
     try:
         parquet = pq.ParquetFile(raw)
     except (pa.ArrowException, OSError) as e:
@@ -294,8 +456,13 @@ def _read_parquet(raw: IO[bytes], path: str, builder: _TableBuilder) -> Iterator
     missing = [f for f in ("id", "text") if f not in parquet.schema_arrow.names]
     if missing:
         raise ShardReadError(f"parquet shard {path!r} has no column {missing[0]!r}")
+    groups = None
+    if rows is not None:
+        sizes = [parquet.metadata.row_group(index).num_rows for index in range(parquet.num_row_groups)]
+        firsts = list(itertools.accumulate(sizes, initial=0))[:-1]
+        groups = [index for index, first in enumerate(firsts) if rows[0] <= first < rows[1]]
     row_no = 0
-    for batch in parquet.iter_batches():
+    for batch in parquet.iter_batches(row_groups=groups):
         for record in batch.to_pylist():
             row_no += 1
             builder.add_record(row_no, record, raw=lambda r=record: json.dumps(r, default=str))
@@ -310,8 +477,10 @@ class _TableBuilder:
         self.docs: dict[str, list[Any]] = {name: [] for name in DOCUMENT_SCHEMA.names}
         self.errors: dict[str, list[Any]] = {name: [] for name in QUARANTINE_SCHEMA.names}
         self.records_read = 0
+        self.last_line = 0  # the number of the last line (row) met
 
     def add_json_line(self, line_no: int, line: bytes) -> None:
+        self.last_line = line_no
         if not line.strip():
             return
         try:
@@ -338,6 +507,7 @@ class _TableBuilder:
 
     def add_record(self, line_no: int, record: Any, raw: Callable[[], str]) -> None:
         """One decoded record; `raw` renders it for the quarantine only when it is rejected."""
+        self.last_line = line_no
         self.records_read += 1
         try:
             row = _document_row(record, self.source)

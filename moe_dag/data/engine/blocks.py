@@ -1,4 +1,4 @@
-"""Blocks: a large shard split into row ranges, so that one shard can keep many workers busy.
+"""Blocks: a large shard split into ranges, so that one shard can keep many workers busy.
 
 The shard stays the unit of the lake: downstream stages, the catalog and the checks see one file and
 one completion record per shard, whether it was split or not. Splitting happens inside a stage run:
@@ -6,34 +6,43 @@ one completion record per shard, whether it was split or not. Splitting happens 
 1. When a stage has fewer shards to do than workers, each shard of a splittable stage (its work reads
    its input only batch by batch and writes only tables: `ShardWork.splittable`) becomes as many
    blocks as give every worker one, but none under `min_block_rows` rows (a block costs a task and a
-   share of the join): even row ranges in whole read batches (`BATCH_ROWS`). Each block starts at a
-   multiple of the read batch, so its batches are the very batches the whole shard would be read in:
-   the same rows meet the same batch-wise work (scoring sorts and pads per batch).
+   share of the join), as its work's `ShardWork.split` cuts it. For a parquet input: even row ranges
+   in whole read batches (`BATCH_ROWS`). Each block starts at a multiple of the read batch, so its
+   batches are the very batches the whole shard would be read in: the same rows meet the same
+   batch-wise work (scoring sorts and pads per batch). Ingest cuts raw shards its own way
+   (`IngestWork`): byte ranges of a JSON-lines shard, none under `min_block_bytes`, and whole row
+   groups of a parquet one; its blocks number their lines from 1 (`ShardWork.numbered_by`).
 2. Each block is its own task or actor call. It writes `<stage>/source=<s>/_blocks/<key>/<start>-<stop>
    .parquet` and then its block record (`<start>-<stop>.json`, digest and counts), as a shard does; the
    `_` folder is invisible to every reader of the slice. A rerun after a crash redoes only the blocks
    without a valid record.
-3. When all blocks of a shard are done, one commit task concatenates their files in row order into the
-   shard's file, row group by row group (the layout the whole shard would have had), writes the shard's
-   completion record (the digest an unsplit run gives, the block counts summed) and removes the blocks.
+3. When all blocks of a shard are done, one commit task concatenates their files in order into the
+   shard's file, row group by row group (the layout the whole shard would have had; work whose blocks
+   end between its batches writes fixed row groups, `ShardWork.group_rows`, which the join keeps),
+   renumbers lines through the shard, writes the shard's completion record (the digest an unsplit run
+   gives, the block counts summed, what the work read as `ShardWork.joined_read` makes it) and removes
+   the blocks.
 
-So a split shard's output equals the unsplit run's (tests/test_engine.py holds them equal), and the
-next stage cannot tell which way it was made.
+So a split shard's output equals the unsplit run's (tests/test_engine.py holds them equal, and
+tests/test_ingest_blocks.py byte for byte for ingest), and the next stage cannot tell which way it
+was made.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import posixpath
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import fsspec
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from moe_dag.data.atomic import TEMPORARY_PREFIX, atomic_write
@@ -44,19 +53,30 @@ if TYPE_CHECKING:
     from moe_dag.data.engine.stage import StageSpec
 
 BLOCKS_DIR = "_blocks"
+# The least bytes of a block counted in bytes (ingest's JSON-lines shards): about what the least rows of a
+# block (8,192, `min_block_rows`) hold of web documents of a couple of KiB each.
+MIN_BLOCK_BYTES = 16 << 20
+
+
+@dataclass(frozen=True)
+class BlockSizes:
+    """The least a block may hold: rows (of a parquet input), bytes (of a JSON-lines raw shard)."""
+
+    rows: int
+    bytes: int = MIN_BLOCK_BYTES
 
 
 def block_folder(lake: Lake, stage: str, source: str, key: str) -> str:
     return posixpath.join(lake.dataset_dir(stage, source), BLOCKS_DIR, key)
 
 
-def block_name(rows: tuple[int, int]) -> str:
-    return f"{rows[0]:012d}-{rows[1]:012d}"
+def block_name(span: tuple[int, int]) -> str:
+    return f"{span[0]:012d}-{span[1]:012d}"
 
 
 def block_path(lake: Lake, stage: str, source: str, shard: ShardInput, suffix: str = ".parquet") -> str:
-    assert shard.rows is not None
-    return posixpath.join(block_folder(lake, stage, source, shard.key), block_name(shard.rows) + suffix)
+    assert shard.span is not None
+    return posixpath.join(block_folder(lake, stage, source, shard.key), block_name(shard.span) + suffix)
 
 
 def row_count(lake: Lake, path: str) -> int:
@@ -68,7 +88,7 @@ def row_count(lake: Lake, path: str) -> int:
 def split(shard: ShardInput, rows: int, blocks: int) -> list[ShardInput]:
     """A shard of `rows` rows as at most `blocks` blocks of whole read batches, as even as they go."""
     step = math.ceil(math.ceil(rows / BATCH_ROWS) / blocks) * BATCH_ROWS
-    return [replace(shard, rows=(start, min(start + step, rows))) for start in range(0, rows, step)]
+    return [replace(shard, span=(start, min(start + step, rows))) for start in range(0, rows, step)]
 
 
 def read_rows(
@@ -116,9 +136,9 @@ def write_block_record(lake: Lake, stage: str, source: str, shard: ShardInput, r
 def finished_blocks(
     lake: Lake, stage: str, source: str, blocks: list[ShardInput], digest: Callable[[ShardInput], str]
 ) -> dict[tuple[int, int], dict[str, Any]]:
-    """Block records still valid (digest as `digest(block)` gives it, files intact), by row range."""
+    """Block records still valid (digest as `digest(block)` gives it, files intact), by span."""
     folder = block_folder(lake, stage, source, blocks[0].key)
-    wanted = {block_name(block.rows): block for block in blocks}
+    wanted = {block_name(block.span): block for block in blocks}
     found = {}
     for path in lake.files_matching(folder, "*.json"):
         block = wanted.get(posixpath.basename(path).removesuffix(".json"))
@@ -127,7 +147,7 @@ def finished_blocks(
         with lake.fs.open(path, "rb") as handle:
             record = json.loads(handle.read())
         if record.get("digest") == digest(block) and outputs_intact(lake, record):
-            found[block.rows] = record
+            found[block.span] = record
     return found
 
 
@@ -143,7 +163,7 @@ def clean_blocks(lake: Lake, stages: tuple[str, ...], source: str, keep: dict[st
             if key not in keep:
                 lake.fs.rm(folder, recursive=True)
                 continue
-            names = {block_name(block.rows) for block in keep[key]}
+            names = {block_name(block.span) for block in keep[key]}
             for path in lake.files_matching(folder, "*"):
                 name = posixpath.basename(path)
                 if name.startswith(TEMPORARY_PREFIX) or name.split(".")[0] not in names:
@@ -155,18 +175,27 @@ def clean_blocks(lake: Lake, stages: tuple[str, ...], source: str, keep: dict[st
 def commit_blocks(
     spec: StageSpec, lake: Lake, source: str, shard: ShardInput, records: list[dict[str, Any]]
 ) -> dict[str, Any]:
-    """Concatenate a shard's finished blocks (`records`, in row order) into the shard's files and write
-    its completion record; returns {key, record} or {key, error}, as `process_shard` does."""
+    """Concatenate a shard's finished blocks (`records`, in order) into the shard's files and write its
+    completion record; returns {key, record} or {key, error}, as `process_shard` does. Work that numbers
+    its input's lines per block (`ShardWork.numbered_by`) has them renumbered through the shard, and work
+    that says what it read has the shard's `read` made from its blocks' (`ShardWork.joined_read`)."""
     from moe_dag.data.engine.stage import ShardOutput, merge_counts, node_id  # stage imports this module
 
-    started, stages, node = time.perf_counter(), spec.outputs, node_id()
-    blocks = [replace(shard, rows=tuple(record["rows"])) for record in records]
+    started, stages, node, work = time.perf_counter(), spec.outputs, node_id(), spec.work_class
+    blocks = [replace(shard, span=tuple(record["span"])) for record in records]
+    numbered_by = None if work is None else work.numbered_by
+    # The line numbers the blocks before each took (a block's `read` says how many it took).
+    shifts = [0] * len(records)
+    if numbered_by is not None:
+        shifts = list(itertools.accumulate((r["read"]["lines"] for r in records[:-1]), initial=0))
     try:
-        with ShardOutput(lake, source, shard.key) as out:
+        read = None if work is None else work.joined_read(shard, [r.get("read") for r in records])
+        with ShardOutput(lake, source, shard.key, group_rows=spec.group_rows) as out:
             for stage in stages:
                 paths = [block_path(lake, stage, source, block) for block in blocks]
-                written = zip(paths, records, strict=True)
-                _concatenate(lake, [p for p, r in written if _relative(lake, p) in r["outputs"]], out, stage)
+                written = zip(paths, records, shifts, strict=True)
+                files = [(p, shift) for p, r, shift in written if _relative(lake, p) in r["outputs"]]
+                _concatenate(lake, files, out, stage, numbered_by)
         record = {
             "key": shard.key,
             "input": shard.path,
@@ -175,6 +204,7 @@ def commit_blocks(
             "counts": merge_counts([record["counts"] for record in records]),
             # Worker-seconds of the blocks and the commit: what the shard cost, not how long it took.
             "seconds": round(sum(r["seconds"] for r in records) + time.perf_counter() - started, 3),
+            **({"read": read} if read is not None else {}),
             "blocks": len(records),
             "nodes": sorted({n for r in records for n in r.get("nodes", [])} | ({node} if node else set())),
             "outputs": out.sizes(),
@@ -193,13 +223,23 @@ def _relative(lake: Lake, path: str) -> str:
     return posixpath.relpath(path, lake.root)
 
 
-def _concatenate(lake: Lake, paths: list[str], out: Any, stage: str) -> None:
-    """The blocks' files of one output stage, row group by row group, into the shard's file (which is
-    written with the first block's schema even when every block is empty)."""
+def _concatenate(
+    lake: Lake, files: list[tuple[str, int]], out: Any, stage: str, numbered_by: str | None
+) -> None:
+    """The blocks' files of one output stage (each with the line numbers the blocks before it took),
+    row group by row group, into the shard's file (which is written with the first block's schema even
+    when every block is empty)."""
     writer = None
-    for path in paths:
+    for path, shift in files:
         with lake.fs.open(path, "rb") as handle:
             parquet = pq.ParquetFile(handle)
             writer = writer or out.table(stage, parquet.schema_arrow)
             for index in range(parquet.metadata.num_row_groups):
-                writer.write(parquet.read_row_group(index))
+                writer.write(_renumbered(parquet.read_row_group(index), numbered_by, shift))
+
+
+def _renumbered(table: pa.Table, column: str | None, shift: int) -> pa.Table:
+    if column is None or not shift or column not in table.column_names:
+        return table
+    index = table.schema.get_field_index(column)
+    return table.set_column(index, table.schema.field(index), pc.add(table[column], shift))

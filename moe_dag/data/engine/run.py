@@ -28,7 +28,13 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from moe_dag.data.engine.blocks import clean_blocks, commit_blocks, finished_blocks, row_count, split
+from moe_dag.data.engine.blocks import (
+    MIN_BLOCK_BYTES,
+    BlockSizes,
+    clean_blocks,
+    commit_blocks,
+    finished_blocks,
+)
 from moe_dag.data.engine.cluster import cluster_cpus
 from moe_dag.data.engine.shards import ShardInput, plan_shards
 from moe_dag.data.engine.stage import StageSpec, merge_counts, process_shard, shard_error
@@ -70,13 +76,15 @@ def run_stage(
     workers: int | None = None,
     log: Callable[[str], None] | None = None,
     min_block_rows: int | None = None,
+    min_block_bytes: int = MIN_BLOCK_BYTES,
 ) -> StageRun:
     """Bring `source`'s slice of the stage up to date with `inputs`.
 
     `workers`: shards processed at once on the connected Ray (None: one per CPU of the cluster); 0 runs
     them one after another in this process, without Ray (a debugger, a notebook). `min_block_rows`:
     when the stage has fewer shards to do than workers, its shards are split into blocks of at least
-    this many rows to occupy the idle ones, each block its own task (blocks.py); None never splits."""
+    this many rows to occupy the idle ones, each block its own task (blocks.py); None never splits.
+    `min_block_bytes`: the same for blocks the stage's work counts in bytes (ingest's JSON-lines shards)."""
     plan = plan_shards(lake, spec.outputs, spec.params, source, inputs)
     name = f"{spec.stage} [{source}]"
     if log and (plan.done or plan.removed):
@@ -84,7 +92,8 @@ def run_stage(
         log(f"{name}: {done} shards already done, {todo} to do, {removed} removed")
     started = time.perf_counter()
     slots = 1 if workers == 0 else workers or cluster_cpus()
-    items, blocks, block_records = _work_items(spec, lake, source, plan.todo, slots, min_block_rows)
+    least = None if min_block_rows is None else BlockSizes(min_block_rows, min_block_bytes)
+    items, blocks, block_records = _work_items(spec, lake, source, plan.todo, slots, least)
     if log and blocks:
         log(f"{name}: {len(blocks)} shards split into {sum(map(len, blocks.values()))} blocks")
     records = dict(plan.done)
@@ -96,10 +105,10 @@ def run_stage(
             if "error" in result:
                 errors.append(result["error"])
                 continue
-            if result.get("rows") is None:
+            if result.get("span") is None:
                 records[result["key"]] = result["record"]
             else:
-                block_records[result["key"]][tuple(result["rows"])] = result["record"]
+                block_records[result["key"]][tuple(result["span"])] = result["record"]
             documents += int(result["record"]["counts"].get("documents", 0))
             rate = documents / max(time.perf_counter() - started, 1e-9)
             bar.set_postfix(documents=documents, docs_per_s=round(rate))
@@ -141,7 +150,7 @@ def _work_items(
     source: str,
     todo: list[ShardInput],
     slots: int,
-    min_block_rows: int | None,
+    least: BlockSizes | None,
 ) -> tuple[list[ShardInput], dict[str, list[ShardInput]], dict[str, dict[tuple[int, int], dict]]]:
     """What to run: whole shards, and the unfinished blocks of the shards split now; returns the
     items, the blocks of each split shard and the block records already valid, by shard key.
@@ -149,16 +158,14 @@ def _work_items(
     Splitting pays one more write of the shard (the commit), so it happens only when whole shards
     would leave workers idle: a source of many shards keeps every worker busy without it."""
     blocks: dict[str, list[ShardInput]] = {}
-    if min_block_rows is not None and spec.splittable and len(todo) < slots:
+    if least is not None and spec.splittable and len(todo) < slots:
         for shard in todo:
-            rows = row_count(lake, shard.path)
-            count = min(math.ceil(slots / len(todo)), rows // min_block_rows)
-            if count > 1 and len(parts := split(shard, rows, count)) > 1:
+            if len(parts := spec.work_class.split(lake, shard, math.ceil(slots / len(todo)), least)) > 1:
                 blocks[shard.key] = parts
     clean_blocks(lake, spec.outputs, source, blocks)
     done = {key: finished_blocks(lake, spec.stage, source, blocks[key], spec.digest) for key in blocks}
     items = [shard for shard in todo if shard.key not in blocks]
-    items += [block for key, parts in blocks.items() for block in parts if block.rows not in done[key]]
+    items += [block for key, parts in blocks.items() for block in parts if block.span not in done[key]]
     return items, blocks, done
 
 
@@ -188,7 +195,7 @@ def _commits(
 ) -> Iterator[dict]:
     """Join each fully done split shard's blocks into its file and record, as one task per shard."""
     calls = [
-        (spec, lake.url, source, replace(parts[0], rows=None), [records[key][b.rows] for b in parts])
+        (spec, lake.url, source, replace(parts[0], span=None), [records[key][b.span] for b in parts])
         for key, parts in blocks.items()
     ]
     if workers == 0:

@@ -33,7 +33,9 @@ class ShardInput:
     key: str
     path: str  # the file the stage reads for this shard
     fingerprint: str  # the identity of that file's content, as far as the output depends on it
-    rows: tuple[int, int] | None = None  # a block of the shard: rows [start, stop) of `path` (blocks.py)
+    # A block of the shard (blocks.py): [start, stop) of `path` in the units its work splits it by, rows
+    # of a parquet file (bytes of a JSON-lines raw shard for ingest).
+    span: tuple[int, int] | None = None
 
 
 @dataclass
@@ -93,7 +95,7 @@ def output_digest(record: dict[str, Any]) -> str:
 
 
 def shard_digest(stage: str, params: str, shard: ShardInput) -> str:
-    block = [] if shard.rows is None else [f"rows {shard.rows[0]}-{shard.rows[1]}"]
+    block = [] if shard.span is None else [f"block {shard.span[0]}-{shard.span[1]}"]
     return digest_text(stage, params, shard.key, shard.fingerprint, *block)
 
 

@@ -21,25 +21,50 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from moe_dag.data.atomic import atomic_write
-from moe_dag.data.engine.blocks import block_path, write_block_record
+from moe_dag.data.engine.blocks import block_path, row_count, split, write_block_record
 from moe_dag.data.engine.shards import ShardInput, file_sizes, shard_digest
 from moe_dag.data.lake import Lake
+
+if TYPE_CHECKING:
+    from moe_dag.data.engine.blocks import BlockSizes
 
 
 class ShardWork(ABC):
     """A stage's work on one shard. Built once per worker process (`StageSpec.warm`) and used for many
     shards, of one stage run or several: load models in `__init__`, keep no state between shards."""
 
-    # Whether a block of the shard (`shard.rows`) can be processed alone and the blocks' tables
-    # concatenated into the whole shard's output (blocks.py): true of work that reads its input only
-    # through `kept_batches`, decides row by row (or batch by batch) and writes only tables.
+    # Whether a block of the shard (`shard.span`, as `split` makes them) can be processed alone and the
+    # blocks' tables joined into the whole shard's output (blocks.py): true of work that reads its input
+    # only through `kept_batches` (or another reader of blocks), decides row by row (or batch by batch)
+    # and writes only tables.
     splittable: ClassVar[bool] = False
+    # Row groups of exactly this many rows in the shard's files (the last one shorter), however the work
+    # batches its writes: for work whose blocks end between its batches (ingest's byte ranges), so that
+    # the join can give the blocks' rows the whole shard's layout. None: a row group per table written.
+    group_rows: ClassVar[int | None] = None
+    # A column numbering the input's lines (rows) from 1 within each block: the join adds the numbers
+    # the blocks before took (the `lines` of each block's `out.read`). None: no such column.
+    numbered_by: ClassVar[str | None] = None
+
+    @classmethod
+    def split(cls, lake: Lake, shard: ShardInput, blocks: int, least: BlockSizes) -> list[ShardInput]:
+        """`shard` as at most `blocks` blocks, none under `least` (fewer than two: it stays whole). Here
+        row ranges of a parquet input in whole read batches (`kept_batches` reads them)."""
+        rows = row_count(lake, shard.path)
+        count = min(blocks, rows // least.rows)
+        return split(shard, rows, count) if count > 1 else []
+
+    @classmethod
+    def joined_read(cls, shard: ShardInput, reads: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+        """What a shard joined from blocks read (its record's `read`), from the blocks' own `out.read`s
+        in order; None: the work says nothing of what it read."""
+        return None
 
     @abstractmethod
     def process(self, shard: ShardInput, out: ShardOutput) -> dict[str, Any]:
@@ -65,21 +90,53 @@ class StageSpec:
         return shard_digest(self.stage, self.params, shard)
 
     @property
-    def splittable(self) -> bool:
-        """Whether the work's class says its shards may be split into blocks (read off the factory, a
-        class or a `functools.partial` of one, so that the driver builds no model to learn it)."""
+    def work_class(self) -> type[ShardWork] | None:
+        """The work's class, read off the factory (a class or a `functools.partial` of one), so that the
+        driver builds no model to learn what the class declares (splitting, row groups)."""
         factory = getattr(self.make_work, "func", self.make_work)
-        return isinstance(factory, type) and issubclass(factory, ShardWork) and factory.splittable
+        return factory if isinstance(factory, type) and issubclass(factory, ShardWork) else None
+
+    @property
+    def splittable(self) -> bool:
+        """Whether the work's class says its shards may be split into blocks."""
+        return self.work_class is not None and self.work_class.splittable
+
+    @property
+    def group_rows(self) -> int | None:
+        return None if self.work_class is None else self.work_class.group_rows
 
 
 class TableWriter:
-    """Streams tables into one shard file; the file appears at its final path only on commit."""
+    """Streams tables into one shard file; the file appears at its final path only on commit. With
+    `group_rows`, the rows go into row groups of exactly that many rows (the last one shorter), each
+    written from one contiguous table, so the file depends on the rows alone, not on how they came."""
 
-    def __init__(self, stack: contextlib.ExitStack, lake: Lake, path: str, schema: pa.Schema | None) -> None:
+    def __init__(
+        self,
+        stack: contextlib.ExitStack,
+        lake: Lake,
+        path: str,
+        schema: pa.Schema | None,
+        group_rows: int | None = None,
+    ) -> None:
         self._stack, self._lake, self.path, self._schema = stack, lake, path, schema
+        self._group_rows, self._held = group_rows, []  # rows waiting for a whole row group
         self._writer: pq.ParquetWriter | None = None
 
     def write(self, table: pa.Table) -> None:
+        if self._group_rows is None:
+            self._write(table)
+            return
+        self._held.append(table)
+        if sum(held.num_rows for held in self._held) < self._group_rows:
+            return
+        rows = pa.concat_tables(self._held)
+        while rows.num_rows >= self._group_rows:
+            self._write(rows.slice(0, self._group_rows).combine_chunks())
+            rows = rows.slice(self._group_rows)
+        self._held = [rows]
+
+    def _write(self, table: pa.Table) -> None:
         if self._writer is None:
             handle = self._stack.enter_context(atomic_write(self.path, self._lake.fs))
             self._writer = pq.ParquetWriter(handle, table.schema, compression="zstd")
@@ -87,17 +144,28 @@ class TableWriter:
         self._writer.write_table(table)
 
     def finish(self) -> None:
-        """A shard with no rows still gets its file, so downstream stages learn the schema."""
+        """Write the rows still held; a shard with no rows still gets its file, so downstream stages
+        learn the schema."""
+        if self._held and (rest := pa.concat_tables(self._held)).num_rows:
+            self._write(rest.combine_chunks())
         if self._writer is None and self._schema is not None:
-            self.write(self._schema.empty_table())
+            self._write(self._schema.empty_table())
 
 
 class ShardOutput:
     """The files one shard writes, committed together by `process_shard`."""
 
-    def __init__(self, lake: Lake, source: str, key: str, block: ShardInput | None = None) -> None:
+    def __init__(
+        self,
+        lake: Lake,
+        source: str,
+        key: str,
+        block: ShardInput | None = None,
+        group_rows: int | None = None,
+    ) -> None:
         self.lake, self.source, self.key = lake, source, key
         self.block = block  # writing one block of the shard: files go to its block folder (blocks.py)
+        self.group_rows = group_rows  # the row groups of every table (`ShardWork.group_rows`)
         # What the work saw of its input file (size, checksum), kept as is in the completion record.
         self.read: dict[str, Any] | None = None
         self._stack = contextlib.ExitStack()
@@ -110,7 +178,7 @@ class ShardOutput:
             path = self.lake.shard_path(stage, self.source, self.key)
         else:
             path = block_path(self.lake, stage, self.source, self.block)
-        writer = TableWriter(self._stack, self.lake, path, schema)
+        writer = TableWriter(self._stack, self.lake, path, schema, self.group_rows)
         self._tables.append(writer)
         return writer
 
@@ -146,9 +214,9 @@ def process_shard(
 ) -> dict[str, Any]:
     """Do one shard and write its completion record. Returns {key, record} or {key, error}: a failed
     shard leaves nothing behind, and the others go on."""
-    started, block = time.perf_counter(), None if shard.rows is None else shard
+    started, block = time.perf_counter(), None if shard.span is None else shard
     try:
-        with ShardOutput(lake, source, shard.key, block) as out:
+        with ShardOutput(lake, source, shard.key, block, spec.group_rows) as out:
             counts = work.process(shard, out)
         node = node_id()
         record = {
@@ -159,7 +227,7 @@ def process_shard(
             "counts": counts,
             "seconds": round(time.perf_counter() - started, 3),
             **({"read": out.read} if out.read is not None else {}),
-            **({"rows": list(shard.rows)} if shard.rows is not None else {}),
+            **({"span": list(shard.span)} if shard.span is not None else {}),
             "nodes": [node] if node else [],  # the Ray node that did the work
             "outputs": out.sizes(),
         }
@@ -169,13 +237,13 @@ def process_shard(
             write_block_record(lake, spec.stage, source, shard, record)
     except Exception as error:
         return shard_error(shard, "".join(traceback.format_exception_only(error)).strip())
-    return {"key": shard.key, "rows": shard.rows, "record": record}
+    return {"key": shard.key, "span": shard.span, "record": record}
 
 
 def shard_error(shard: ShardInput, detail: str) -> dict[str, Any]:
     """The result of a shard (or block) that failed: what the stage reports, naming its file."""
-    where = "" if shard.rows is None else f" (rows {shard.rows[0]}-{shard.rows[1]})"
-    return {"key": shard.key, "rows": shard.rows, "error": f"shard {shard.path}{where}: {detail}"}
+    where = "" if shard.span is None else f" (block {shard.span[0]}-{shard.span[1]})"
+    return {"key": shard.key, "span": shard.span, "error": f"shard {shard.path}{where}: {detail}"}
 
 
 def node_id() -> str | None:

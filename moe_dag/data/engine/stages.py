@@ -27,16 +27,16 @@ import pyarrow.compute as pc
 from moe_dag.data.dedup import SIGNATURE_SCHEMA, MinHashConfig, ShardClusters, compute_signatures
 from moe_dag.data.dedup.clusters import EMPTY_VERSION
 from moe_dag.data.dedup.partitioned import CLUSTERS_STAGE, cluster_file_name
-from moe_dag.data.engine.blocks import read_rows
+from moe_dag.data.engine.blocks import BlockSizes, read_rows
 from moe_dag.data.engine.shards import ShardInput
 from moe_dag.data.engine.stage import ShardOutput, ShardWork, merge_counts
 from moe_dag.data.filters import DocumentFilter, run_filters
-from moe_dag.data.lake import read_batches
+from moe_dag.data.lake import BATCH_ROWS, Lake, read_batches
 from moe_dag.data.mixture.build import HELDOUT_SCHEMA, heldout_table
 from moe_dag.data.mixture.heldout import split_at_cut
 from moe_dag.data.mixture.neutral import Exclusions, without_excluded
 from moe_dag.data.mixture.token_shards import TokenShardWriter
-from moe_dag.data.readers import read_shard_batches
+from moe_dag.data.readers import joined_read, read_block_batches, read_shard_batches, shard_spans
 from moe_dag.data.schema import DOCUMENT_SCHEMA, QUARANTINE_SCHEMA, kept_rows, reason_counts
 from moe_dag.data.tokenizer import eos_id, load_tokenizer
 
@@ -44,10 +44,10 @@ from moe_dag.data.tokenizer import eos_id, load_tokenizer
 def kept_batches(shard: ShardInput, out: ShardOutput) -> Iterator[pa.Table]:
     """The input shard's rows that its stage kept (all rows when it made no decision), in batches; of a
     block, the kept rows among its rows."""
-    if shard.rows is None:
+    if shard.span is None:
         batches = read_batches(shard.path, out.lake.fs)
     else:
-        batches = read_rows(shard.path, out.lake.fs, shard.rows)
+        batches = read_rows(shard.path, out.lake.fs, shard.span)
     for batch in batches:
         yield kept_rows(batch) if "keep" in batch.column_names else batch
 
@@ -63,13 +63,35 @@ def decision_counts(decided: pa.Table) -> dict[str, Any]:
 
 
 class IngestWork(ShardWork):
-    """raw_documents and quarantine from one raw shard."""
+    """raw_documents and quarantine from one raw shard, or from one block of it: a byte range of an
+    uncompressed JSON-lines shard, whole row groups of a parquet one (readers.py; a gzip or zstd shard
+    cannot be entered in the middle of its stream, so it is never split). A block numbers its lines
+    from 1; the join renumbers them through the shard, writes the rows in the row groups a whole run
+    writes (`group_rows`: a block ends anywhere between the reader's batches) and hashes the raw file
+    once for the ledger, so a split shard's files and record equal an unsplit run's."""
+
+    splittable = True
+    group_rows = BATCH_ROWS
+    numbered_by = "line"
+
+    @classmethod
+    def split(cls, lake: Lake, shard: ShardInput, blocks: int, least: BlockSizes) -> list[ShardInput]:
+        spans = shard_spans(shard.path, blocks, least.rows, least.bytes)
+        return [dataclasses.replace(shard, span=span) for span in spans]
+
+    @classmethod
+    def joined_read(cls, shard: ShardInput, reads: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+        return dataclasses.asdict(joined_read(shard.path, [read for read in reads if read is not None]))
 
     def process(self, shard: ShardInput, out: ShardOutput) -> dict[str, Any]:
         documents = out.table("raw_documents", DOCUMENT_SCHEMA)
         quarantine = out.table("quarantine", QUARANTINE_SCHEMA)
         counts = Counter(records=0, kept=0, quarantined=0)
-        for piece in read_shard_batches(shard.path, out.source):
+        if shard.span is None:
+            pieces = read_shard_batches(shard.path, out.source)
+        else:
+            pieces = read_block_batches(shard.path, out.source, shard.span)
+        for piece in pieces:
             if piece.read is not None:
                 out.read = dataclasses.asdict(piece.read)
             documents.write(piece.documents)
