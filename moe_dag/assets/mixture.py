@@ -28,9 +28,10 @@ REMIX = Refresh(population="scored_documents", threshold="refresh.remix_after_ch
     metadata=operated(2, "tokenizer", "mixture", refresh=REMIX),
 )
 def tokenizer(pipeline: PipelineResource, ray: RayResource) -> dg.MaterializeResult:
-    """A byte-level BPE tokenizer trained on the kept documents of training, streamed from the lake: the
-    documents held out for evaluation (the mixture's cut, and the neutral set with its copies) never
-    reach it. The passes over the scored files run as Ray tasks (`ray` connects this run to the cluster)."""
+    """A byte-level BPE tokenizer trained on the kept documents of training, streamed from the lake (past
+    `tokenizer.max_training_documents`, on a sample of them by id hash): the documents held out for
+    evaluation (the mixture's cut, and the neutral set with its copies) never reach it. The passes over
+    the scored files run as Ray tasks (`ray` connects this run to the cluster)."""
     del ray  # required for its connection: the library's tasks run wherever this process is connected
     config = pipeline.config
     trained = train_curated_tokenizer(pipeline.lake, config.source_names, config.mixture, config.tokenizer)
