@@ -185,6 +185,26 @@ def test_a_warm_work_is_built_once_per_worker_process_across_stage_runs(tmp_path
     assert sum(map(len, builds_by_process(cold, ["web"]).values())) == 6  # one build per shard
 
 
+def test_a_one_cpu_task_tokenises_on_one_thread(local_ray):
+    """Rayon sizes its pool to every core unless told: a task of one CPU must not start two more."""
+    import ray
+
+    def threads_started_by_encode_batch() -> int:  # defined here: pickled by value, not by module
+        from tokenizers import Tokenizer, models, pre_tokenizers
+
+        def threads() -> int:
+            with open("/proc/self/status") as status:
+                return int(status.read().split("Threads:")[1].split()[0])
+
+        tokenizer = Tokenizer(models.BPE())
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel()
+        before = threads()
+        tokenizer.encode_batch(["a task takes one CPU"] * 512)
+        return threads() - before
+
+    assert ray.get(ray.remote(num_cpus=1)(threads_started_by_encode_batch).remote()) <= 1
+
+
 def test_a_shard_that_kills_its_worker_fails_naming_its_file(tmp_path, local_ray):
     lake = ingested(tmp_path, "lake", shards=3, docs=4)
     inputs = upstream_inputs(lake, "raw_documents", "web")

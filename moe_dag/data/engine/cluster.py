@@ -19,6 +19,10 @@ GIB = 1 << 30
 MIN_OBJECT_STORE_BYTES = GIB // 4
 MAX_OBJECT_STORE_BYTES = 4 * GIB
 DEFAULT_MIN_BLOCK_ROWS = 8_192  # 4 read batches
+# A task takes one CPU, and Ray caps OpenMP (torch, numpy) at the task's CPUs for that reason, but not
+# rayon: Hugging Face tokenizers' `encode_batch` in a one-CPU task started a pool of every core's threads,
+# so two tasks ran six threads on two cores, and a second worker gained nothing in tokenising.
+WORKER_ENV = {"RAYON_NUM_THREADS": "1"}
 
 
 @dataclass(kw_only=True)
@@ -59,8 +63,9 @@ def connect(config: RayConfig) -> str:
 
     if not ray.is_initialized():
         address = config.resolved_address()
+        runtime_env = {"env_vars": WORKER_ENV}
         if address:
-            ray.init(address=address)
+            ray.init(address=address, runtime_env=runtime_env)
         else:
             # "local" starts a new instance even if a `ray start` cluster runs on this machine. Its
             # workers' own log lines (actor pools winding down, ...) stay in Ray's session logs: a
@@ -71,6 +76,7 @@ def connect(config: RayConfig) -> str:
                 object_store_memory=local_object_store_bytes(config),
                 include_dashboard=False,
                 log_to_driver=False,
+                runtime_env=runtime_env,
             )
     resources = ray.cluster_resources()
     cpus, gpus = int(resources.get("CPU", 0)), int(resources.get("GPU", 0))
