@@ -5,6 +5,7 @@ within a minute or two on 2 cores."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import dagster as dg
@@ -145,10 +146,15 @@ def test_a_four_candidate_search_proposes_validates_and_reports(trained) -> None
     proposal = _metadata(result, "mixture_proposal")
     assert sum(proposal["proposal"].values()) == pytest.approx(1)
     assert "mixture_weight" in proposal["config_snippet"]
+    # The model families left out of the choice, each with why its fit failed, in the file as well.
+    config = load_config(path)
+    folder = Lake(config.lake_root).artifact_dir("mixture_search")
+    written = json.loads((folder / "proposal.json").read_text())
+    assert written["failed"] == proposal["failed"]
+    assert all(isinstance(why, str) and why for why in proposal["failed"].values())
     validation = _metadata(result, "mixture_validation")
     low, high = validation["gain_vs_configured_ci"]
     assert low <= validation["gain_vs_configured"] <= high
-    config = load_config(path)
     roles = Catalog(config.catalog_path, Lake(config.lake_root)).query(
         "SELECT role, count(*) FROM mixture_search GROUP BY role ORDER BY role"
     )

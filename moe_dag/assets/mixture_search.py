@@ -255,6 +255,7 @@ def mixture_proposal(pipeline: PipelineResource) -> dg.MaterializeResult:
                 "loo_rmse": fit.loo_rmse,
                 "target_loo_rmse": fit.target_loo_rmse,
                 "spearman_loo": fit.spearman_loo,
+                "failed": fit.failed,
             },
             indent=2,
         )
@@ -285,6 +286,9 @@ def mixture_proposal(pipeline: PipelineResource) -> dg.MaterializeResult:
             "model": fit.model_name,
             "loo_rmse": dg.MetadataValue.json(fit.loo_rmse),
             "spearman_loo": fit.spearman_loo,
+            # Families left out of the choice, each with why its fit failed: an empty choice reads
+            # differently when a family could not be fitted than when it lost on leave-one-out error.
+            "failed": dg.MetadataValue.json(fit.failed),
             "predicted": proposal.predicted,
             "predicted_interval": dg.MetadataValue.json(list(proposal.predicted_interval)),
             "proposal": dg.MetadataValue.json(proposal.shares),
