@@ -73,7 +73,6 @@ from moe_dag.training.evaluate import EVAL_DOCUMENTS_FILE, EVAL_FILE
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIGURED, PROPOSAL = "configured", "proposal"
-EVAL_BATCH = 64  # windows scored at once: fewer, larger forward passes than the trainer's default 16
 
 
 def build_corpus(work: Path, docs_per_source: int, neutral_share: float, swarm_share: float):
@@ -128,7 +127,7 @@ def train_proxy(data_dir: str, neutral_dir: str, argv: list[str]) -> dict[str, f
     started = time.perf_counter()
     summary = train(config, Path(data_dir), out)
     trained = time.perf_counter()
-    evaluate_run(out, Path(neutral_dir), batch_size=EVAL_BATCH)
+    evaluate_run(out, Path(neutral_dir))
     return {
         "train_s": trained - started,
         "eval_s": time.perf_counter() - trained,
@@ -154,7 +153,7 @@ def main() -> None:
     # shared by all documents was measurable; both parts shrink with more documents. Scoring a
     # document costs every proxy, so the swarm scores the documents within `swarm_share` (as many as
     # before) and only the deciding proxies score the whole neutral set (docs/mixture_search.md).
-    parser.add_argument("--final-seeds", type=int, default=2)
+    parser.add_argument("--final-seeds", type=int, default=3)
     parser.add_argument("--docs-per-source", type=int, default=2000)
     parser.add_argument("--neutral-share", type=float, default=0.35)
     parser.add_argument("--swarm-share", type=float, default=0.075)

@@ -3,9 +3,12 @@ same token stream (goal: ratio >= 1.0, the library's speed or better).
 
 Input: real text installed with Python (the standard library's modules, cut into documents of about
 `--chars` characters), and a byte-level BPE of the demo's size (4,096) trained on it, as the
-`tokenizer` asset trains one. Both sides run on one thread (`RAYON_RS_NUM_CPUS=1`, set before tokenizers
-loads), alternating, `--repeats` times each; the best CPU time (`time.process_time`, every thread of
-the process) of each counts, so other work on a shared machine does not move the ratio much.
+`tokenizer` asset trains one, saved and read back by each side as it would be: the baseline with the
+library's `Tokenizer.from_file`, `write_token_shard` with `load_tokenizer`, as a tokenising worker
+loads it (the model's word cache enlarged: `remember_more_words`; ids unchanged). Both sides run on
+one thread (`RAYON_RS_NUM_CPUS=1`, set before tokenizers loads), alternating, `--repeats` times each;
+the best CPU time (`time.process_time`, every thread of the process) of each counts, so other work on
+a shared machine does not move the ratio much.
 
 - `encode_batch`: `Tokenizer.encode_batch` over the documents in batches of `ENCODE_BATCH_DOCUMENTS`,
   the ids kept as the library returns them; nothing else.
@@ -33,9 +36,16 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
+from tokenizers import Tokenizer  # noqa: E402
 
 from moe_dag.data.mixture.token_shards import ENCODE_BATCH_DOCUMENTS, write_token_shard  # noqa: E402
-from moe_dag.data.tokenizer import TokenizerConfig, eos_id, train_tokenizer  # noqa: E402
+from moe_dag.data.tokenizer import (  # noqa: E402
+    TokenizerConfig,
+    eos_id,
+    load_tokenizer,
+    save_tokenizer,
+    train_tokenizer,
+)
 
 
 def stdlib_documents(count: int, chars: int) -> list[str]:
@@ -71,8 +81,8 @@ def main() -> None:
     args = parser.parse_args()
 
     texts = stdlib_documents(args.documents, args.chars)
-    tokenizer = train_tokenizer(texts, TokenizerConfig(vocab_size=4096))
-    eos = eos_id(tokenizer)
+    trained = train_tokenizer(texts, TokenizerConfig(vocab_size=4096))
+    eos = eos_id(trained)
     table = pa.table({"id": [f"doc-{i}" for i in range(len(texts))], "text": texts})
     print(f"{len(texts)} documents, {sum(map(len, texts)) / 1e6:.1f} M characters")
 
@@ -80,17 +90,19 @@ def main() -> None:
         ids: list[list[int]] = []
         for start in range(0, len(texts), ENCODE_BATCH_DOCUMENTS):
             batch = texts[start : start + ENCODE_BATCH_DOCUMENTS]
-            ids.extend(encoding.ids for encoding in tokenizer.encode_batch(batch, add_special_tokens=False))
+            ids.extend(encoding.ids for encoding in library.encode_batch(batch, add_special_tokens=False))
         return ids
 
     timings: dict[str, list[float]] = {"encode_batch": [], "write_token_shard": []}
     with tempfile.TemporaryDirectory() as folder:
+        saved = save_tokenizer(trained, Path(folder) / "tokenizer")
+        library, ours = Tokenizer.from_file(str(saved)), load_tokenizer(saved)
         for _ in range(args.repeats):
             started = time.process_time()
             baseline = encode_batch()
             timings["encode_batch"].append(time.process_time() - started)
             started = time.process_time()
-            shard = write_token_shard(table, tokenizer, eos, Path(folder), "bench")
+            shard = write_token_shard(table, ours, eos, Path(folder), "bench")
             timings["write_token_shard"].append(time.process_time() - started)
         stream = np.fromiter((t for ids in baseline for t in (*ids, eos)), dtype=np.int64)
         if not np.array_equal(np.asarray(shard.tokens, dtype=np.int64), stream):
