@@ -40,6 +40,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from moe_dag.data.atomic import atomic_write
+from moe_dag.data.engine.warm import kept
 from moe_dag.data.filters import DocumentFilter, fit_to_source, run_filters
 from moe_dag.data.filters.perplexity import NgramLanguageModel, PerplexityFilter
 from moe_dag.data.lake import Lake
@@ -47,11 +48,6 @@ from moe_dag.data.tasks import map_tasks
 
 FITS = "fits"
 CURRENT = "current.json"
-# The filters ahead of the fitted one that this process last ran, by a digest of their pickled state:
-# every task group unpickles its own copy, whose language ID models would load again (py3langid's about
-# 0.6 s of CPU a load; 8 groups a phase on 2 workers), so a worker keeps the copy it warmed. One entry:
-# a fit runs one list of filters at a time.
-_WARM: dict[bytes, list[DocumentFilter]] = {}
 # Rows of the fit sample one task takes at most, in whole row groups (a row group larger than this is a
 # piece of its own): a shard of 10^5 documents, which language ID and the rules take minutes over, is
 # then several tasks rather than one straggler.
@@ -218,13 +214,12 @@ def _reaching(
 
 
 def _warm(filters: list[DocumentFilter]) -> list[DocumentFilter]:
-    """The copy of `filters` this process ran last if its state is the same (its models loaded), else
-    `filters`, kept for the next call. Equal pickled state is the test, so a changed setting never reuses."""
-    key = hashlib.blake2b(pickle.dumps(filters, protocol=5)).digest()
-    if key not in _WARM:
-        _WARM.clear()
-        _WARM[key] = filters
-    return _WARM[key]
+    """The copy of `filters` this worker process ran before if its pickled state is the same (its
+    language ID models loaded), else `filters`, kept for the next call. Every task group unpickles its
+    own copy, whose models would load again (py3langid's about 0.6 s of CPU a load; 8 groups a phase on
+    2 workers); equal state is the test, so a changed setting never reuses one."""
+    key = "fit filters " + hashlib.blake2b(pickle.dumps(filters, protocol=5), digest_size=16).hexdigest()
+    return kept(key, lambda: filters)
 
 
 def _texts(lake: Lake, path: str, rows: list[int]) -> list[str]:

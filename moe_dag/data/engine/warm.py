@@ -9,13 +9,16 @@ Works are keyed by the spec's digest (`spec_key`: its factory with their argumen
 outputs; pickled once by the driver), so a work is reused only for the very spec that built it. By
 the engine's contract the params hold everything the work reads when it is built (the heads' version,
 the fit's), so a key names one work. A few are kept per process, the least recently used going first.
+Other work sent to these processes keeps what it loaded the same way (`kept`: the prefilter fit's
+filters, data/fits.py).
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from moe_dag.data.engine.stage import ShardWork, StageSpec
 
@@ -24,7 +27,8 @@ from moe_dag.data.engine.stage import ShardWork, StageSpec
 # demo's largest model, the scoring backbone, is loaded once per process for every source (stages.py).
 KEPT_WORKS = 8
 
-_WORKS: OrderedDict[str, tuple[StageSpec, ShardWork]] = OrderedDict()
+_KEPT: OrderedDict[str, Any] = OrderedDict()
+T = TypeVar("T")
 
 
 def spec_key(spec: StageSpec) -> str:
@@ -35,20 +39,26 @@ def spec_key(spec: StageSpec) -> str:
     return hashlib.blake2b(cloudpickle.dumps(spec), digest_size=16).hexdigest()
 
 
+def kept(key: str, build: Callable[[], T]) -> T:
+    """What this process keeps under `key`, built by `build` on first use; the least recently used of
+    more than KEPT_WORKS goes."""
+    if key not in _KEPT:
+        _KEPT[key] = build()
+        while len(_KEPT) > KEPT_WORKS:
+            _KEPT.popitem(last=False)
+    _KEPT.move_to_end(key)
+    return _KEPT[key]
+
+
 def warm_work(key: str | None, boxed_spec: list[Any]) -> tuple[StageSpec, ShardWork]:
     """The spec and its work: kept in this process under `key` (a warm spec's `spec_key`), built on
     first use; with no key, built for this one shard. `boxed_spec` holds the spec's object ref in a
     list, so that Ray does not fetch and unpickle the spec for calls that find the work here."""
-    found = _WORKS.get(key) if key is not None else None
-    if found is None:
+
+    def build() -> tuple[StageSpec, ShardWork]:
         import ray
 
         spec = ray.get(boxed_spec[0])
-        found = (spec, spec.make_work())
-        if key is None:
-            return found
-        _WORKS[key] = found
-        while len(_WORKS) > KEPT_WORKS:
-            _WORKS.popitem(last=False)
-    _WORKS.move_to_end(key)
-    return found
+        return spec, spec.make_work()
+
+    return build() if key is None else kept(key, build)
