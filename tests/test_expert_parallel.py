@@ -357,16 +357,20 @@ def test_ep2_training_follows_ep1_and_checkpoints_reshard_both_ways(repeating_da
     train(config, repeating_data, tmp_path / "ep1")
     reference = losses(tmp_path / "ep1")
 
+    def resume_at_step_2(run: str, into: str) -> None:
+        step_2 = Path("checkpoints") / "step_2"
+        shutil.copytree(tmp_path / run / step_2, tmp_path / into / step_2)
+
     torchrun_ep2(repeating_data, tmp_path / "ep2", steps=4)  # trains on after saving step 2
     assert losses(tmp_path / "ep2") == pytest.approx(reference, rel=1e-5)
 
-    torchrun_ep2(repeating_data, tmp_path / "ep2_then_ep1", steps=2)  # saves step 2 at EP=2
-    train(config, repeating_data, tmp_path / "ep2_then_ep1")  # resumes it at EP=1 for steps 3-4
+    # Each run saved step 2 mid-run (checkpoint_every 2): each resumes in a fresh folder at the other EP
+    # size (no second EP=2 launch to save it: a launch is most of this test's time).
+    resume_at_step_2("ep2", "ep2_then_ep1")
+    train(config, repeating_data, tmp_path / "ep2_then_ep1")  # resumes EP=2's step 2 at EP=1
     assert losses(tmp_path / "ep2_then_ep1") == pytest.approx(reference, rel=1e-5)
 
-    shutil.copytree(
-        tmp_path / "ep1" / "checkpoints" / "step_2", tmp_path / "ep1_then_ep2" / "checkpoints" / "step_2"
-    )
+    resume_at_step_2("ep1", "ep1_then_ep2")
     torchrun_ep2(repeating_data, tmp_path / "ep1_then_ep2", steps=4)  # resumes EP=1's step 2 at EP=2
     # Steps 1-2 come from the checkpoint's copy of the metrics, steps 3-4 from the EP=2 run.
     assert losses(tmp_path / "ep1_then_ep2") == pytest.approx(reference, rel=1e-5)
