@@ -169,7 +169,9 @@ def test_the_fit_made_in_tasks_is_the_fit_made_here(demo_lake, source_name, max_
 
 # --- rows read into the Dagster process, per asset materialisation ------------------------------------
 
-DOCUMENTS = 600  # a demo source: each slice of it, from raw to toxicity_filtered, holds over 300 rows
+# A demo source: each slice of it, from raw to toxicity_filtered, holds over 300 rows (over BOUND, which
+# the fixture asserts), in shards of 100 documents (several a source, without a Ray task per 25 of them).
+DOCUMENTS, DOCUMENTS_PER_SHARD = 500, 100
 # The assets materialised: curation to scoring, the catalog, the tokenizer and both mixtures (not the
 # training runs, whose readers live in the trainer's own processes).
 SELECTION = [
@@ -297,7 +299,11 @@ def driver_reads(tmp_path_factory, local_ray) -> dict[tuple[str, str | None], in
     tmp_path = tmp_path_factory.mktemp("bounded")
     path = tiny_config(tmp_path)
     raw = yaml.safe_load(path.read_text())
-    raw["demo_corpus"] = {**raw["demo_corpus"], "docs_per_source": DOCUMENTS}
+    raw["demo_corpus"] = {
+        **raw["demo_corpus"],
+        "docs_per_source": DOCUMENTS,
+        "docs_per_shard": DOCUMENTS_PER_SHARD,
+    }
     raw["oracle"]["per_source"] = 10
     raw["calibration"] = {**raw.get("calibration", {}), "keep_rate_tolerance": 0.2}
     path.write_text(yaml.safe_dump(raw))
