@@ -77,7 +77,7 @@ def nodes_that_worked(lake: Lake, sources: list[str]) -> dict[str, set[str]]:
 
 
 @pytest.mark.slow
-def test_curation_dedup_and_scoring_on_a_head_and_two_workers_equal_one_node(tmp_path):
+def test_curation_dedup_and_scoring_on_a_head_and_two_workers_equal_one_node(tmp_path, local_ray):
     import ray
     from ray.cluster_utils import Cluster
 
@@ -85,9 +85,9 @@ def test_curation_dedup_and_scoring_on_a_head_and_two_workers_equal_one_node(tmp
     build_demo_corpus(tmp_path / "corpus", config.demo_corpus)
     sources = config.source_names
 
-    ray.shutdown()  # the resource connects where the config says, not to a Ray an earlier test started
+    # One node: the test session's local Ray (its settings are the config's), not a second start.
     one_node = materialise(config_for(tmp_path, "one", {"num_cpus": 2, "object_store_gb": 0.25}))
-    ray.shutdown()
+    ray.shutdown()  # the resource connects where the config says, not to the Ray left from one_node
 
     cluster = Cluster(
         initialize_head=True,
