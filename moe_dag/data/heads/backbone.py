@@ -23,25 +23,30 @@ Tensor shape letters: B batch, T tokens, D hidden size.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import nn
-from transformers import AutoModel, AutoTokenizer, PreTrainedTokenizerBase
-from transformers.masking_utils import (
-    create_bidirectional_mask,
-    create_causal_mask,
-    create_sliding_window_causal_mask,
-)
 
-# transformers renamed the mask builders' `past_key_values` argument to `cache` in 5.x; pass whichever
-# the installed version takes (a GPU image may carry an older release than the CPU environment).
-_CACHE_ARGUMENT = (
-    "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
-)
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+# transformers is imported where a backbone is loaded or run, not with this module: the config loader
+# imports BackboneConfig, so every Dagster process (code server, run and step workers) and the CLI would
+# otherwise import transformers and, through its mask builders, torch._dynamo (2 s or more a process).
+
+
+@functools.cache
+def _cache_argument() -> str:
+    """transformers renamed the mask builders' `past_key_values` argument to `cache` in 5.x; pass
+    whichever the installed version takes (a GPU image may carry an older release than the CPU one)."""
+    from transformers.masking_utils import create_causal_mask
+
+    return "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
 
 
 @dataclass(kw_only=True)
@@ -120,6 +125,8 @@ class Backbone:
         if not 0 <= start <= end <= self.num_layers:
             raise ValueError(f"layer range {start}..{end} is outside 0..{self.num_layers}")
         if self.kind == "encoder":
+            from transformers.masking_utils import create_bidirectional_mask
+
             attention = create_bidirectional_mask(
                 config=self.model.config, inputs_embeds=hidden_BTD, attention_mask=mask_BT
             )
@@ -129,13 +136,15 @@ class Backbone:
         return self._run_decoder_layers(hidden_BTD, mask_BT, start, end)
 
     def _run_decoder_layers(self, hidden_BTD: torch.Tensor, mask_BT: torch.Tensor, start: int, end: int):
+        from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+
         config = self.model.config
         position_ids = torch.arange(hidden_BTD.shape[1], device=hidden_BTD.device).unsqueeze(0)
         mask_args = dict(
             config=config,
             inputs_embeds=hidden_BTD,
             attention_mask=mask_BT,
-            **{_CACHE_ARGUMENT: None},
+            **{_cache_argument(): None},
             position_ids=position_ids,
         )
         # A layer attends through a sliding window when its attention module says so (gpt-oss, Qwen3);
@@ -163,6 +172,8 @@ class Backbone:
 
 def load_backbone(config: BackboneConfig) -> Backbone:
     """Load the backbone's weights and tokenizer from local files only (never downloads)."""
+    from transformers import AutoModel, AutoTokenizer
+
     path = config.name_or_path or str(default_model_path())
     dtype = getattr(torch, config.dtype, None)
     if not isinstance(dtype, torch.dtype):
