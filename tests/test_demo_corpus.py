@@ -137,6 +137,18 @@ def test_ids_are_unique_and_machine_independent(documents):
     assert len(languages) > 5 and "en" not in languages
 
 
+def test_the_corpus_reads_nothing_of_moe_dags_own_installation():
+    """Its README (the package description) and an editable install's files (the checkout's path)
+    change with every edit and clone: the corpus, and every figure measured on it, must not."""
+    import random
+
+    from moe_dag.data.demo_corpus.python_text import _readme_documents, python_files
+
+    assert not [f.relative for f in python_files() if f.relative.startswith("__editable__")]
+    packages = {doc.metadata["package"] for doc in _readme_documents(random.Random(0))}
+    assert packages and not packages & {"moe_dag", "moe-dag"}
+
+
 def test_toxic_sentences_are_flagged_by_the_profanity_classifier():
     from profanity_check import predict_prob
 

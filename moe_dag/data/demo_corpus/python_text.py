@@ -8,7 +8,10 @@ split at paragraphs into documents of a few hundred words.
 Files are listed in sorted order and drawn by the caller's seeded RNG, so a machine gives the same
 documents for the same seed; ids use paths relative to the library root, never absolute paths.
 Vendored copies (`_vendor/` folders) are skipped: they repeat installed packages, and a duplicate that
-is not labelled as one would corrupt the ground truth of the injected noise.
+is not labelled as one would corrupt the ground truth of the injected noise. moe-dag's own installation
+is skipped too: its package description is this repository's README and an editable install's
+generated `__editable__*` files hold the checkout's absolute path, so reading them made the corpus, and
+every figure measured on it, move with each README edit and with where the repository was cloned.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ MIN_WORDS = 50  # shorter texts are not clean documents: "too_short" is one of t
 PROSE_MAX_WORDS = 300
 MIN_ASCII_SHARE = 0.97  # prose must be English; a README written in another language is skipped
 SKIPPED_DIRS = frozenset({"__pycache__", "site-packages", "dist-packages", "_vendor", "vendor", "_vendored"})
+OWN_DISTRIBUTION = "moe_dag"  # its dist-info folder's name before the version: moe_dag-0.1.0.dist-info
+EDITABLE_INSTALL_PREFIX = "__editable__"
 
 
 @dataclass(frozen=True)
@@ -85,7 +90,7 @@ def python_files() -> list[PythonFile]:
             dirnames[:] = [d for d in dirnames if d not in SKIPPED_DIRS]
             relative_dir = os.path.relpath(dirpath, root).replace(os.sep, "/")
             for name in filenames:
-                if name.endswith(".py"):
+                if name.endswith(".py") and not name.startswith(EDITABLE_INSTALL_PREFIX):
                     relative = name if relative_dir == "." else f"{relative_dir}/{name}"
                     files.append(PythonFile(origin, relative, os.path.join(dirpath, name)))
     return sorted(files, key=lambda f: (f.origin, f.relative))
@@ -97,7 +102,12 @@ def site_packages_dirs() -> list[Path]:
 
 
 def _readme_documents(rng: random.Random) -> Iterator[DemoDoc]:
-    metadata_files = sorted(p for root in site_packages_dirs() for p in root.glob("*.dist-info/METADATA"))
+    metadata_files = sorted(
+        path
+        for root in site_packages_dirs()
+        for path in root.glob("*.dist-info/METADATA")
+        if path.parent.name.partition("-")[0] != OWN_DISTRIBUTION
+    )
     rng.shuffle(metadata_files)
     for path in metadata_files:
         message = Parser().parsestr(path.read_text(encoding="utf-8", errors="replace"))
