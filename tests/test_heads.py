@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import ast
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -32,8 +30,6 @@ from moe_dag.data.heads import (
     train_heads,
 )
 from moe_dag.data.heads.store import META_FILE, WEIGHTS_FILE
-
-PACKAGE = Path(__file__).resolve().parents[1] / "moe_dag"
 
 TEXTS = [
     "Photosynthesis converts light energy into chemical energy stored in glucose.",
@@ -414,30 +410,3 @@ def test_the_quality_heads_stage_runs_as_a_library_call_without_dagster(tmp_path
     assert any("fewer than" in warning for warning in heads.calibration_warnings)  # a handful to calibrate on
     stored = load_heads(tmp_path)
     assert stored.version == heads.version and sorted(stored.thresholds) == ["books", "code", "web"]
-
-
-def _module_level_imports(tree: ast.Module) -> set[str]:
-    """Modules a file imports when it is imported: its top-level statements (try/else blocks
-    included), not `if TYPE_CHECKING:` blocks nor imports inside functions."""
-    found: set[str] = set()
-    for node in tree.body:
-        if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            found.add(node.module)
-        elif isinstance(node, ast.Try):
-            inner = [*node.body, *node.orelse, *(s for h in node.handlers for s in h.body)]
-            found |= _module_level_imports(ast.Module(body=inner, type_ignores=[]))
-    return found
-
-
-def test_no_module_imports_transformers_on_import() -> None:
-    """The config loader imports BackboneConfig, so a module-level transformers import anywhere on
-    that path costs every Dagster process and CLI start transformers and torch._dynamo (2 s or more on
-    2 cores): transformers is imported where a backbone is loaded or run."""
-    eager = {
-        str(path.relative_to(PACKAGE))
-        for path in PACKAGE.rglob("*.py")
-        if any(m.split(".")[0] == "transformers" for m in _module_level_imports(ast.parse(path.read_text())))
-    }
-    assert not eager, f"transformers imported at module level in {sorted(eager)}"

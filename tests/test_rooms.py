@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import dagster as dg
@@ -39,6 +41,16 @@ def test_the_library_rooms_never_import_dagster_or_the_rooms_above(room):
         if module.split(".")[0].startswith("dagster") or module.startswith(above)
     ]
     assert offenders == []
+
+
+def test_the_config_and_the_definitions_load_without_transformers() -> None:
+    """Every Dagster process (code server, run and step workers) and the CLI import these; transformers
+    (and torch._dynamo through its mask builders) costs each 2 s or more, so it is imported where a
+    backbone is loaded or run (data/heads/backbone.py)."""
+    code = "import sys, moe_dag.config, moe_dag.orchestration.definitions\n"
+    code += "print(sorted({'transformers', 'torch._dynamo'} & set(sys.modules)))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
 
 
 def test_assets_import_from_orchestration_only_its_resources_and_the_dagster_adapter():
