@@ -31,12 +31,12 @@ from pathlib import Path
 
 import zstandard
 
-from moe_dag.data.demo_corpus import DemoCorpusConfig, build_demo_corpus
-from moe_dag.data.engine import RayConfig, StageSpec, connect, run_stage, upstream_inputs
-from moe_dag.data.engine.stages import FilterWork
-from moe_dag.data.filters import PrefilterConfig, build_prefilters
-from moe_dag.data.ingest import ingest_source
-from moe_dag.data.lake import Lake
+from moe_dag.curation.demo_corpus import DemoCorpusConfig, build_demo_corpus
+from moe_dag.curation.filters import PrefilterConfig, build_prefilters
+from moe_dag.curation.ingest import ingest_source
+from moe_dag.curation.work import FilterWork
+from moe_dag.engine import RayConfig, StageSpec, connect, run_stage, upstream_inputs
+from moe_dag.storage.lake import Lake
 
 SOURCE = "prose"
 
@@ -87,8 +87,8 @@ MEASURE_RSS = """
 import resource, sys
 sys.path.insert(0, {here!r})
 from data_plane import SOURCE, prefilter_spec
-from moe_dag.data.engine import run_stage, upstream_inputs
-from moe_dag.data.lake import Lake
+from moe_dag.engine import run_stage, upstream_inputs
+from moe_dag.storage.lake import Lake
 lake = Lake({lake!r})
 run = run_stage(prefilter_spec(), lake, SOURCE, upstream_inputs(lake, "raw_documents", SOURCE), workers=0)
 print(run.counts["documents"], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)

@@ -7,7 +7,7 @@ file headers: the near-threshold pairs real installs are full of), and pages of 
 plus planted copies: near duplicates (about one word in 150 replaced or deleted; one character in 150
 in Chinese) and exact ones with spacing and case changed. `--corpus installed` uses real text from the
 Python installation this runs in instead (standard library and site-packages sources, package READMEs,
-help topics, docstrings: `moe_dag.data.demo_corpus`): its figures depend on what is installed. On a
+help topics, docstrings: `moe_dag.curation.demo_corpus`): its figures depend on what is installed. On a
 fresh `make setup` its precision was 0.845 where an older machine gave 0.993: the false positives are
 transformers' generated `modular_*` files, which share a long generated header (exact Jaccard
 0.65-0.69 with the survivor of their cluster, reached through a chain of pairs above 0.8), and MIT
@@ -58,7 +58,7 @@ import pyarrow.parquet as pq
 import rensa
 import xxhash
 
-from moe_dag.data.dedup import (
+from moe_dag.curation.dedup import (
     MinHashConfig,
     candidate_probability,
     compute_signatures,
@@ -66,8 +66,8 @@ from moe_dag.data.dedup import (
     normalize_text,
     shingle_hashes,
 )
-from moe_dag.data.demo_corpus.noise import near_duplicate_text
-from moe_dag.data.demo_corpus.python_text import code_documents, prose_documents
+from moe_dag.curation.demo_corpus.noise import near_duplicate_text
+from moe_dag.curation.demo_corpus.python_text import code_documents, prose_documents
 
 CONFIG = MinHashConfig()
 SOURCES = ["prose", "code"]

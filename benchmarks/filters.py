@@ -2,7 +2,7 @@
 
 Both sides run with the references' default settings (`PrefilterConfig.reference()` and datatrove's
 constructors) on every document installed with Python and its packages that
-`moe_dag.data.filters.reference.installed_documents` finds (READMEs, README pieces, help topics, standard
+`moe_dag.curation.filters.reference.installed_documents` finds (READMEs, README pieces, help topics, standard
 library docstrings). Each side evaluates all four families on every document (datatrove's word splitting
 is shared across its filters by its own cache, as in a datatrove pipeline; moe-dag's by its chunk cache),
 so both do the same work and every family's decision is known for every document.
@@ -28,9 +28,9 @@ import time  # noqa: E402
 
 import pyarrow as pa  # noqa: E402
 
-from moe_dag.data.filters import PrefilterConfig, run_filters  # noqa: E402
-from moe_dag.data.filters.prefilter import FAMILIES  # noqa: E402
-from moe_dag.data.filters.reference import datatrove_filters, datatrove_keep, installed_documents  # noqa: E402
+from moe_dag.curation.filters import PrefilterConfig, run_filters  # noqa: E402
+from moe_dag.curation.filters.prefilter import FAMILIES  # noqa: E402
+from moe_dag.curation.filters.reference import datatrove_filters, datatrove_keep, installed_documents  # noqa: E402
 
 
 def moe_dag_decisions(texts: list[str]) -> dict[str, list[bool]]:

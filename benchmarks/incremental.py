@@ -28,10 +28,10 @@ import dagster as dg
 import yaml
 import zstandard
 
-from moe_dag.data.demo_corpus import DemoCorpusConfig, build_demo_corpus
-from moe_dag.data.fits import changed_decisions, decisions
-from moe_dag.data.lake import Lake
+from moe_dag.curation.demo_corpus import DemoCorpusConfig, build_demo_corpus
+from moe_dag.curation.fits import changed_decisions, decisions
 from moe_dag.orchestration.pipeline import materialize_all
+from moe_dag.storage.lake import Lake
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 DECIDING_STAGES = ("prefiltered", "deduplicated", "toxicity_filtered", "scored_documents")

@@ -27,9 +27,9 @@ import json  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 
-from moe_dag.data.filters.language import LanguageFilter  # noqa: E402
-from moe_dag.data.filters.prefilter import PrefilterConfig  # noqa: E402
-from moe_dag.data.filters.reference import installed_documents, labelled_language_samples  # noqa: E402
+from moe_dag.curation.filters.language import LanguageFilter  # noqa: E402
+from moe_dag.curation.filters.prefilter import PrefilterConfig  # noqa: E402
+from moe_dag.curation.filters.reference import installed_documents, labelled_language_samples  # noqa: E402
 
 # heliport's ISO 639-3 (and macro-language) codes for the languages of the samples, as lid.176 names them.
 _HELIPORT_LABELS = {

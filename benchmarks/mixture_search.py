@@ -50,10 +50,10 @@ import pyarrow.parquet as pq
 from pyarrow.compute import is_in
 
 from moe_dag.config import load_config
-from moe_dag.data.demo_corpus import build_demo_corpus
-from moe_dag.data.mixture import SourceTokens, write_token_shard
-from moe_dag.data.mixture.neutral import is_neutral, select_neutral, without_excluded, write_evaluation_set
-from moe_dag.data.mixture.search import (
+from moe_dag.curation.demo_corpus import build_demo_corpus
+from moe_dag.mixture import SourceTokens, write_token_shard
+from moe_dag.mixture.neutral import is_neutral, select_neutral, without_excluded, write_evaluation_set
+from moe_dag.mixture.search import (
     AVERAGE,
     MixtureSearchConfig,
     config_snippet,
@@ -64,8 +64,8 @@ from moe_dag.data.mixture.search import (
     sample_candidates,
     shares_of,
 )
-from moe_dag.data.readers import list_shards, read_shards
-from moe_dag.data.tokenizer import eos_id, train_tokenizer
+from moe_dag.mixture.tokenizer import eos_id, train_tokenizer
+from moe_dag.storage.readers import list_shards, read_shards
 from moe_dag.training.compare import average_bits_per_byte, gain_of_replicas, mean_document_losses
 from moe_dag.training.config import apply_overrides
 from moe_dag.training.config import preset as read_preset

@@ -71,10 +71,10 @@ import numpy as np
 import pyarrow as pa
 import zstandard
 
-from moe_dag.data.dedup import ShardClusters, apply_dedup
-from moe_dag.data.dedup.partitioned import CLUSTERS_STAGE, cluster_file_name
-from moe_dag.data.demo_corpus import DemoCorpusConfig, build_demo_corpus
-from moe_dag.data.lake import Lake
+from moe_dag.curation.dedup import ShardClusters, apply_dedup
+from moe_dag.curation.dedup.partitioned import CLUSTERS_STAGE, cluster_file_name
+from moe_dag.curation.demo_corpus import DemoCorpusConfig, build_demo_corpus
+from moe_dag.storage.lake import Lake
 
 BATCH_ROWS = 2048
 SHARD_ROWS = 10_000
@@ -237,14 +237,14 @@ def measure_pipeline(
     import ray
 
     from moe_dag.config import load_config
-    from moe_dag.data.dedup import cluster_partitioned
-    from moe_dag.data.dedup.partitioned import plan_parts, recorded_versions
-    from moe_dag.data.engine import RayConfig, StageSpec, connect, run_stage, upstream_inputs
-    from moe_dag.data.engine.stages import DedupWork, FilterWork, SignatureWork
-    from moe_dag.data.filters import build_prefilters, build_toxicity_filters
-    from moe_dag.data.fits import fit_source_in_tasks, settings_digest, store_fit, with_fit
-    from moe_dag.data.ingest import ingest_source
-    from moe_dag.data.mixture.curated import build_curated_mixture, train_curated_tokenizer
+    from moe_dag.curation.dedup import cluster_partitioned
+    from moe_dag.curation.dedup.partitioned import plan_parts, recorded_versions
+    from moe_dag.curation.filters import build_prefilters, build_toxicity_filters
+    from moe_dag.curation.fits import fit_source_in_tasks, settings_digest, store_fit, with_fit
+    from moe_dag.curation.ingest import ingest_source
+    from moe_dag.curation.work import DedupWork, FilterWork, SignatureWork
+    from moe_dag.engine import RayConfig, StageSpec, connect, run_stage, upstream_inputs
+    from moe_dag.mixture.curated import build_curated_mixture, train_curated_tokenizer
 
     config = load_config(config_path)
     lake, names = Lake(lake_dir), config.source_names
@@ -406,7 +406,7 @@ def measure_reference(lake_dir: str, config_path: str) -> dict:
     import resource
 
     from moe_dag.config import load_config
-    from moe_dag.data.dedup import find_duplicate_clusters
+    from moe_dag.curation.dedup import find_duplicate_clusters
 
     config = load_config(config_path)
     lake, names = Lake(lake_dir), config.source_names

@@ -58,9 +58,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from moe_dag.config import PipelineConfig, load_config
-from moe_dag.data.demo_corpus.gettext_text import intl_documents
-from moe_dag.data.demo_corpus.python_text import code_documents, prose_documents
-from moe_dag.data.heads import (
+from moe_dag.curation.demo_corpus.gettext_text import intl_documents
+from moe_dag.curation.demo_corpus.python_text import code_documents, prose_documents
+from moe_dag.quality.heads import (
     calibrate_source,
     calibration_sample_size,
     heldout_keep_f1,
@@ -68,14 +68,14 @@ from moe_dag.data.heads import (
     load_backbone,
     train_heads,
 )
-from moe_dag.data.oracle import (
+from moe_dag.quality.oracle import (
     RuleBasedOracle,
     requests_from_table,
     rubric_by_name,
     rubric_for_kind,
     split_sample,
 )
-from moe_dag.data.scoring import calibrate_sources, early_exit_summary, score_documents
+from moe_dag.quality.scoring import calibrate_sources, early_exit_summary, score_documents
 
 DOCUMENTS = {"code": code_documents, "prose": prose_documents, "intl": intl_documents}
 SWEEP_KEEP_RATES = (0.7, 0.5, 0.3, 0.1)

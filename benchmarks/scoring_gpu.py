@@ -29,7 +29,14 @@ import time
 import torch
 from transformers import GptOssConfig, GptOssModel
 
-from moe_dag.data.heads import Backbone, BackboneConfig, JudgeHead, JudgeHeadConfig, ProbeHead, QualityHeads
+from moe_dag.quality.heads import (
+    Backbone,
+    BackboneConfig,
+    JudgeHead,
+    JudgeHeadConfig,
+    ProbeHead,
+    QualityHeads,
+)
 
 GPT_OSS_20B = {
     "num_hidden_layers": 24,

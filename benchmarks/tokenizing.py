@@ -38,8 +38,8 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 
-from moe_dag.data.mixture.token_shards import ENCODE_BATCH_DOCUMENTS, write_token_shard  # noqa: E402
-from moe_dag.data.tokenizer import (  # noqa: E402
+from moe_dag.mixture.token_shards import ENCODE_BATCH_DOCUMENTS, write_token_shard  # noqa: E402
+from moe_dag.mixture.tokenizer import (  # noqa: E402
     TokenizerConfig,
     eos_id,
     load_tokenizer,

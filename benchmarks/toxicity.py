@@ -9,7 +9,7 @@ help topics, docstrings of more than 60 words, up to `--documents`):
 - clean, odd heading: each document under one of the headings of issue 20 ("Rear naked choke", "Petals
   on a wet, black bough.", "Prelude canyon battle"), clean;
 - toxic: each document with two or three of the demo corpus's insults inserted between its lines
-  (`moe_dag.data.demo_corpus.noise.toxic_text`). Synthetic, and easy: every insult scores 0.99 or more.
+  (`moe_dag.curation.demo_corpus.noise.toxic_text`). Synthetic, and easy: every insult scores 0.99 or more.
 No labelled set of real toxic documents installs here, so recall is measured on the inserted insults
 only; the clean side is real. Figures: precision and recall of the defaults and of the former rule (any
 line above 0.5 drops), false drops per clean set, the (share, bar) grid the defaults were chosen from,
@@ -34,9 +34,9 @@ import time  # noqa: E402
 
 import pyarrow as pa  # noqa: E402
 
-from moe_dag.data.demo_corpus.noise import toxic_text  # noqa: E402
-from moe_dag.data.filters import ToxicityConfig, build_toxicity_filters, run_filters  # noqa: E402
-from moe_dag.data.filters.reference import installed_documents  # noqa: E402
+from moe_dag.curation.demo_corpus.noise import toxic_text  # noqa: E402
+from moe_dag.curation.filters import ToxicityConfig, build_toxicity_filters, run_filters  # noqa: E402
+from moe_dag.curation.filters.reference import installed_documents  # noqa: E402
 
 
 def precision_recall(predicted: list[bool], labels: list[bool]) -> tuple[float, float]:

@@ -20,19 +20,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from moe_dag.assets.bounds import ChecksConfig
-from moe_dag.assets.refresh import RefreshConfig
-from moe_dag.data.dedup import MinHashConfig
-from moe_dag.data.demo_corpus import DemoCorpusConfig
-from moe_dag.data.engine import RayConfig
-from moe_dag.data.filters import PrefilterConfig, ToxicityConfig
-from moe_dag.data.heads import BackboneConfig, CalibrationConfig, HeadTrainConfig
-from moe_dag.data.mixture import MixtureConfig
-from moe_dag.data.mixture.neutral import EvaluationConfig
-from moe_dag.data.mixture.search import MixtureSearchConfig
-from moe_dag.data.oracle import LabellingConfig, OpenAICompatibleConfig, VLLMEngineConfig
-from moe_dag.data.schema import SOURCE_KINDS, SourceKind
-from moe_dag.data.tokenizer import TokenizerConfig
+from moe_dag.curation.dedup import MinHashConfig
+from moe_dag.curation.demo_corpus import DemoCorpusConfig
+from moe_dag.curation.filters import PrefilterConfig, ToxicityConfig
+from moe_dag.engine import RayConfig
+from moe_dag.mixture import MixtureConfig
+from moe_dag.mixture.neutral import EvaluationConfig
+from moe_dag.mixture.search import MixtureSearchConfig
+from moe_dag.mixture.tokenizer import TokenizerConfig
+from moe_dag.operations.bounds import ChecksConfig, reason_settings
+from moe_dag.operations.refresh import RefreshConfig
+from moe_dag.quality.heads import BackboneConfig, CalibrationConfig, HeadTrainConfig
+from moe_dag.quality.oracle import LabellingConfig, OpenAICompatibleConfig, VLLMEngineConfig
+from moe_dag.storage.schema import SOURCE_KINDS, SourceKind
 from moe_dag.training.config import Config, override_settings, preset
 from moe_dag.training.strict_config import ConfigError, build, checked_changes, read_yaml
 
@@ -161,7 +161,7 @@ class PipelineConfig:
     demo_corpus: DemoCorpusConfig | None = None
     ray: RayConfig = field(default_factory=RayConfig)  # where the data stages run (default: local Ray)
     checks: ChecksConfig = field(default_factory=ChecksConfig)  # the bounds the asset checks hold
-    # When labels, heads and the mixture follow new data (moe_dag/assets/refresh.py).
+    # When labels, heads and the mixture follow new data (moe_dag/operations/refresh.py).
     refresh: RefreshConfig = field(default_factory=RefreshConfig)
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)  # neutral and user sets
     mixture_search: MixtureSearchConfig = field(default_factory=MixtureSearchConfig)  # search-mixture
@@ -183,6 +183,12 @@ class PipelineConfig:
     def prefilter_for(self, source: SourceConfig) -> PrefilterConfig:
         """The prefilter section, then the changes for the source's kind, then the source's own block."""
         return self.prefilter.for_kind(source.kind).with_changes(source.prefilter)
+
+    def reason_settings(self, stage: str, source: str) -> dict[str, str]:
+        """Per drop reason of a filter stage, the config key that governs it for `source`, and its value."""
+        source_config = self.source(source)
+        settings = self.prefilter_for(source_config) if stage == "prefiltered" else self.toxicity
+        return reason_settings(stage, settings, source_config)
 
 
 def config_path_from_env() -> Path:

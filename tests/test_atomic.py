@@ -9,8 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from moe_dag.data.atomic import ArtefactWriteError, atomic_path, atomic_write
-from moe_dag.data.lake import Lake
+from moe_dag.storage.atomic import ArtefactWriteError, atomic_path, atomic_write
+from moe_dag.storage.lake import Lake
 
 
 def test_atomic_write_replaces_the_file_in_one_step(tmp_path):
@@ -58,7 +58,7 @@ def test_lake_write_on_a_full_disk_leaves_nothing_behind(tmp_path):
         f"""
         import resource, signal
         import pyarrow as pa
-        from moe_dag.data.lake import Lake
+        from moe_dag.storage.lake import Lake
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
         table = pa.table({{"source": ["a"] * 20_000, "text": [str(i) * 40 for i in range(20_000)]}})

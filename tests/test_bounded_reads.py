@@ -21,22 +21,22 @@ from test_end_to_end import tiny_config
 from moe_dag.assets.dedup import _built_from
 from moe_dag.assets.ingest import first_errors
 from moe_dag.config import PipelineConfig, load_config
-from moe_dag.data.dedup import CLUSTER_VERSION, combine_versions
-from moe_dag.data.dedup.clusters import EMPTY_VERSION
-from moe_dag.data.demo_corpus import build_demo_corpus
-from moe_dag.data.filters import build_prefilters
-from moe_dag.data.fits import (
+from moe_dag.curation.dedup import CLUSTER_VERSION, combine_versions
+from moe_dag.curation.dedup.clusters import EMPTY_VERSION
+from moe_dag.curation.demo_corpus import build_demo_corpus
+from moe_dag.curation.filters import build_prefilters
+from moe_dag.curation.fits import (
     DecisionsBefore,
     change_counts,
     changed_decisions,
     fit_source,
     fit_source_in_tasks,
 )
-from moe_dag.data.ingest import ingest_source
-from moe_dag.data.lake import Lake
-from moe_dag.data.oracle import sample_slice, split_sample
+from moe_dag.curation.ingest import ingest_source
 from moe_dag.orchestration.definitions import build_definitions
 from moe_dag.orchestration.pipeline import stages
+from moe_dag.quality.oracle import sample_slice, split_sample
+from moe_dag.storage.lake import Lake
 
 SCHEMA = pa.schema({"id": pa.string(), "text": pa.string(), "source": pa.string(), "keep": pa.bool_()})
 

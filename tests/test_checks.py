@@ -19,7 +19,12 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from moe_dag.assets.bounds import (
+from moe_dag.assets.training_runs import LOSS_FALLING, ROUTER_HEALTHY, training_check_results
+from moe_dag.config import load_config
+from moe_dag.curation.counts import count_shard_lines, slice_counts
+from moe_dag.mixture import MixtureConfig, build_mixture
+from moe_dag.mixture.tokenizer import TokenizerConfig, train_tokenizer
+from moe_dag.operations.bounds import (
     ChecksConfig,
     drop_share_violations,
     duplicate_share_violation,
@@ -27,14 +32,9 @@ from moe_dag.assets.bounds import (
     head_agreement_violations,
     share_error_violations,
 )
-from moe_dag.assets.training_runs import LOSS_FALLING, ROUTER_HEALTHY, training_check_results
-from moe_dag.config import load_config
-from moe_dag.data.counts import count_shard_lines, slice_counts
-from moe_dag.data.lake import Lake
-from moe_dag.data.mixture import MixtureConfig, build_mixture
-from moe_dag.data.readers import read_shard
-from moe_dag.data.tokenizer import TokenizerConfig, train_tokenizer
 from moe_dag.orchestration.definitions import build_definitions
+from moe_dag.storage.lake import Lake
+from moe_dag.storage.readers import read_shard
 from tests.test_dedup_backfill import sentence_text, write_shard
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from moe_dag.data.mixture.unfiltered import unfiltered_documents
+from moe_dag.mixture.unfiltered import unfiltered_documents
 from moe_dag.training.baselines import dense_equivalent, dense_overrides
 from moe_dag.training.compare import compare_runs
 from moe_dag.training.config import apply_overrides, preset, tiny

@@ -27,10 +27,10 @@ from moe_dag.assets.mixture_search import (
 )
 from moe_dag.assets.training import moe_proxy, proxy_eval
 from moe_dag.config import DEFAULT_CONFIG, load_config
-from moe_dag.data.catalog import Catalog
-from moe_dag.data.lake import Lake
-from moe_dag.data.mixture.neutral import is_neutral
+from moe_dag.mixture.neutral import is_neutral
 from moe_dag.orchestration.definitions import build_definitions
+from moe_dag.storage.catalog import Catalog
+from moe_dag.storage.lake import Lake
 
 pytestmark = pytest.mark.slow
 DOCUMENTS = 60

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moe_dag.data.dedup import (
+from moe_dag.curation.dedup import (
     MinHashConfig,
     apply_dedup,
     built_from_version,
@@ -24,7 +24,7 @@ from moe_dag.data.dedup import (
     shingle_hashes,
     signature_rows,
 )
-from moe_dag.data.dedup.report import duplicate_report
+from moe_dag.curation.dedup.report import duplicate_report
 
 CONFIG = MinHashConfig()
 PRIORITY = ["reference", "web", "code"]

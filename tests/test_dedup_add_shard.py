@@ -25,9 +25,9 @@ from test_dedup_backfill import (
 )
 
 from moe_dag.config import load_config
-from moe_dag.data.dedup.partitioned import ARRIVAL_FILE
-from moe_dag.data.lake import Lake
+from moe_dag.curation.dedup.partitioned import ARRIVAL_FILE
 from moe_dag.orchestration.definitions import build_definitions
+from moe_dag.storage.lake import Lake
 
 CLUSTER_COLUMNS = ["id", "source", "cluster_id", "is_survivor", "duplicate_of", "match", "jaccard"]
 

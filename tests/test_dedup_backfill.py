@@ -18,8 +18,8 @@ import pytest
 import yaml
 
 from moe_dag.config import load_config
-from moe_dag.data.lake import Lake
 from moe_dag.orchestration.definitions import build_definitions
+from moe_dag.storage.lake import Lake
 
 SOURCES = ["a", "b"]
 CURATE = ["raw_documents", "prefiltered", "minhash_signatures"]

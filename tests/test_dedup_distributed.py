@@ -1,4 +1,4 @@
-"""Partitioned clustering (moe_dag/data/dedup/partitioned.py) gives the clusters of the single-process
+"""Partitioned clustering (moe_dag/curation/dedup/partitioned.py) gives the clusters of the single-process
 reference, `find_duplicate_clusters`, however the signatures are split into parts and shuffles; and the
 cluster files feed `deduplicated` shard by shard."""
 
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moe_dag.data.dedup import (
+from moe_dag.curation.dedup import (
     MinHashConfig,
     ShardClusters,
     apply_dedup,
@@ -23,8 +23,8 @@ from moe_dag.data.dedup import (
     find_duplicate_clusters,
     shard_cluster_version,
 )
-from moe_dag.data.dedup.clusters import _components
-from moe_dag.data.dedup.partitioned import (
+from moe_dag.curation.dedup.clusters import _components
+from moe_dag.curation.dedup.partitioned import (
     ARRIVAL_FILE,
     InProcess,
     Part,
@@ -37,8 +37,8 @@ from moe_dag.data.dedup.partitioned import (
     recorded_versions,
     signature_files,
 )
-from moe_dag.data.dedup.report import duplicate_report
-from moe_dag.data.lake import Lake
+from moe_dag.curation.dedup.report import duplicate_report
+from moe_dag.storage.lake import Lake
 
 CONFIG = MinHashConfig()
 SOURCES = ["reference", "web", "code"]

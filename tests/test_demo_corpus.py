@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from moe_dag.data.demo_corpus import DemoCorpusConfig, build_demo_corpus, gettext_text
-from moe_dag.data.demo_corpus.noise import NOISE_BY_SOURCE, TOO_LONG_WORDS, TOXIC_SENTENCES
-from moe_dag.data.readers import list_shards, read_shards
+from moe_dag.curation.demo_corpus import DemoCorpusConfig, build_demo_corpus, gettext_text
+from moe_dag.curation.demo_corpus.noise import NOISE_BY_SOURCE, TOO_LONG_WORDS, TOXIC_SENTENCES
+from moe_dag.storage.readers import list_shards, read_shards
 
 CONFIG = DemoCorpusConfig(docs_per_source=40, docs_per_shard=15)
 SOURCES = ("code", "prose", "intl")
@@ -142,7 +142,7 @@ def test_the_corpus_reads_nothing_of_moe_dags_own_installation():
     change with every edit and clone: the corpus, and every figure measured on it, must not."""
     import random
 
-    from moe_dag.data.demo_corpus.python_text import _readme_documents, python_files
+    from moe_dag.curation.demo_corpus.python_text import _readme_documents, python_files
 
     assert not [f.relative for f in python_files() if f.relative.startswith("__editable__")]
     packages = {doc.metadata["package"] for doc in _readme_documents(random.Random(0))}

@@ -11,7 +11,7 @@ import yaml
 from moe_dag.cli import main as cli
 from moe_dag.cli.summary import NOISE_SQL, format_summary
 from moe_dag.config import DEFAULT_CONFIG, load_config
-from moe_dag.data.demo_corpus import build_demo_corpus
+from moe_dag.curation.demo_corpus import build_demo_corpus
 from moe_dag.orchestration.definitions import build_definitions
 from moe_dag.orchestration.pipeline import materialize_all, stages
 
@@ -107,7 +107,7 @@ def test_whole_graph_materialises_and_every_row_is_accounted_for(tmp_path, capsy
 
 
 def _query(config, sql: str) -> list[tuple]:
-    from moe_dag.data.catalog import Catalog
-    from moe_dag.data.lake import Lake
+    from moe_dag.storage.catalog import Catalog
+    from moe_dag.storage.lake import Lake
 
     return Catalog(config.catalog_path, Lake(config.lake_root)).query(sql)

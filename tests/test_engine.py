@@ -16,11 +16,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from moe_dag.data.engine import ShardStageError, StageSpec, run_stage, upstream_inputs
-from moe_dag.data.engine.stages import FilterWork
-from moe_dag.data.filters import PrefilterConfig, build_prefilters
-from moe_dag.data.ingest import ingest_source
-from moe_dag.data.lake import Lake
+from moe_dag.curation.filters import PrefilterConfig, build_prefilters
+from moe_dag.curation.ingest import ingest_source
+from moe_dag.curation.work import FilterWork
+from moe_dag.engine import ShardStageError, StageSpec, run_stage, upstream_inputs
+from moe_dag.storage.lake import Lake
 
 SENTENCES = [
     "The river was high after a week of rain, and the ferry did not run until Thursday.",
@@ -137,8 +137,8 @@ def test_an_unopenable_shard_fails_naming_its_file_while_bad_lines_reach_quarant
 def counting_spec(warm: bool, dies_on: str | None = None) -> StageSpec:
     """A stage that copies its input and says, per shard, which build of its work (process and build)
     did it; with `dies_on`, the worker process exits on that shard, as one killed for its memory would."""
-    from moe_dag.data.engine import ShardWork
-    from moe_dag.data.engine.stages import kept_batches
+    from moe_dag.engine import ShardWork
+    from moe_dag.engine.stage import kept_batches
 
     class CountingWork(ShardWork):  # local, so Ray's workers get it by value
         def __init__(self) -> None:
@@ -218,9 +218,9 @@ def test_a_shard_that_kills_its_worker_fails_naming_its_file(tmp_path, local_ray
 
 SLOW_STAGE = """
 import dataclasses, functools, sys, time
-from moe_dag.data.engine import RayConfig, connect, run_stage, upstream_inputs
-from moe_dag.data.engine.stages import FilterWork
-from moe_dag.data.lake import Lake
+from moe_dag.engine import RayConfig, connect, run_stage, upstream_inputs
+from moe_dag.curation.work import FilterWork
+from moe_dag.storage.lake import Lake
 sys.path.insert(0, {tests!r})
 from test_engine import prefilter_spec
 
@@ -272,8 +272,8 @@ def test_a_stage_killed_half_way_redoes_only_its_unfinished_shards(tmp_path):
 BY_ADDRESS = """
 import sys
 sys.path.insert(0, {tests!r})
-from moe_dag.data.engine import RayConfig, connect, run_stage, upstream_inputs
-from moe_dag.data.lake import Lake
+from moe_dag.engine import RayConfig, connect, run_stage, upstream_inputs
+from moe_dag.storage.lake import Lake
 from test_engine import prefilter_spec
 import ray
 print(connect(RayConfig(address={address!r})))
@@ -320,8 +320,8 @@ def _free_port() -> int:
 
 
 def test_a_row_range_is_read_in_the_batches_of_the_whole_file(tmp_path):
-    from moe_dag.data.engine.blocks import read_rows
-    from moe_dag.data.lake import read_batches
+    from moe_dag.engine.blocks import read_rows
+    from moe_dag.storage.lake import read_batches
 
     lake, path = Lake(tmp_path / "lake"), str(tmp_path / "s0.parquet")
     with pq.ParquetWriter(path, pa.schema([("x", pa.int64())])) as w:
@@ -347,7 +347,7 @@ def big_shard(tmp_path, name: str) -> Lake:
 def fitted_prefilter_spec(lake: Lake) -> StageSpec:
     """The prefilter fitted on the source once, as the asset does: an unfitted perplexity cut fits on
     the first batch each worker sees, which no split (or worker count) could reproduce."""
-    from moe_dag.data.filters import fit_to_source
+    from moe_dag.curation.filters import fit_to_source
 
     config = PrefilterConfig()
     filters = fit_to_source(
@@ -362,8 +362,8 @@ def fitted_prefilter_spec(lake: Lake) -> StageSpec:
 
 
 def signature_spec() -> StageSpec:
-    from moe_dag.data.dedup import MinHashConfig
-    from moe_dag.data.engine.stages import SignatureWork
+    from moe_dag.curation.dedup import MinHashConfig
+    from moe_dag.curation.work import SignatureWork
 
     return StageSpec(
         outputs=("minhash_signatures",), make_work=functools.partial(SignatureWork, MinHashConfig())
@@ -402,8 +402,8 @@ def test_one_large_shard_split_into_blocks_equals_the_unsplit_run(tmp_path, loca
 @pytest.mark.slow
 def test_a_split_shard_redoes_only_its_unfinished_blocks(tmp_path, local_ray):
     """Blocks finished before a crash keep their records; the rerun runs the others, then joins."""
-    from moe_dag.data.engine import process_shard
-    from moe_dag.data.engine.blocks import split
+    from moe_dag.engine import process_shard
+    from moe_dag.engine.blocks import split
 
     lake = big_shard(tmp_path, "lake")
     spec, [shard] = fitted_prefilter_spec(lake), upstream_inputs(lake, "raw_documents", "web")

@@ -116,7 +116,7 @@ LAUNCH_MOE_PROXY = """
 import sys
 import dagster as dg
 from moe_dag.assets.training import moe_proxy
-from moe_dag.orchestration.resources import PipelineResource
+from moe_dag.assets.resources import PipelineResource
 dg.materialize([moe_proxy], resources={"pipeline": PipelineResource(config_path=sys.argv[1])})
 """
 

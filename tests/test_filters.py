@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from moe_dag.data.filters import (
+from moe_dag.curation.filters import (
     DocumentFilter,
     PrefilterConfig,
     ToxicityConfig,
@@ -17,8 +17,8 @@ from moe_dag.data.filters import (
     build_toxicity_filters,
     run_filters,
 )
-from moe_dag.data.filters.code import CodeConfig, CodeFilter
-from moe_dag.data.filters.language import LanguageConfig, LanguageFilter
+from moe_dag.curation.filters.code import CodeConfig, CodeFilter
+from moe_dag.curation.filters.language import LanguageConfig, LanguageFilter
 
 CONFIG = PrefilterConfig()
 

@@ -17,7 +17,7 @@ import tracemalloc
 import pyarrow as pa
 import pytest
 
-from moe_dag.data.filters import (
+from moe_dag.curation.filters import (
     PrefilterConfig,
     ToxicityConfig,
     build_prefilters,

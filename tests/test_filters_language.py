@@ -8,9 +8,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from moe_dag.data.filters import PrefilterConfig, run_filters
-from moe_dag.data.filters.language import LanguageFilter
-from moe_dag.data.filters.reference import labelled_language_samples
+from moe_dag.curation.filters import PrefilterConfig, run_filters
+from moe_dag.curation.filters.language import LanguageFilter
+from moe_dag.curation.filters.reference import labelled_language_samples
 
 # Languages lid.176 knows and labels correctly at least 90% of the time on the gettext set.
 WELL_KNOWN = [

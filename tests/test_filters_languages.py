@@ -10,10 +10,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from moe_dag.data.filters import PrefilterConfig, build_prefilters, run_filters
-from moe_dag.data.filters.code import CodeFilter
-from moe_dag.data.filters.language import LanguageFilter
-from moe_dag.data.filters.text import count_sentences_any_script
+from moe_dag.curation.filters import PrefilterConfig, build_prefilters, run_filters
+from moe_dag.curation.filters.code import CodeFilter
+from moe_dag.curation.filters.language import LanguageFilter
+from moe_dag.curation.filters.text import count_sentences_any_script
 
 CONFIG = PrefilterConfig()
 

@@ -10,9 +10,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from moe_dag.data.filters import PrefilterConfig, build_prefilters, fit_to_source, run_filters
-from moe_dag.data.filters.perplexity import NgramLanguageModel, PerplexityConfig, PerplexityFilter, _words
-from moe_dag.data.filters.prefilter import perplexity_filter
+from moe_dag.curation.filters import PrefilterConfig, build_prefilters, fit_to_source, run_filters
+from moe_dag.curation.filters.perplexity import NgramLanguageModel, PerplexityConfig, PerplexityFilter, _words
+from moe_dag.curation.filters.prefilter import perplexity_filter
 
 SENTENCES = [
     "The river runs through the old town and past the mill.",

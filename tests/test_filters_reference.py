@@ -10,9 +10,9 @@ import importlib.metadata
 import pyarrow as pa
 import pytest
 
-from moe_dag.data.filters import PrefilterConfig, run_filters
-from moe_dag.data.filters.language import LanguageFilter
-from moe_dag.data.filters.prefilter import FAMILIES
+from moe_dag.curation.filters import PrefilterConfig, run_filters
+from moe_dag.curation.filters.language import LanguageFilter
+from moe_dag.curation.filters.prefilter import FAMILIES
 
 pytest.importorskip(
     "datatrove", reason="the datatrove comparison needs the 'bench' extra: pip install -e '.[bench]'"
@@ -21,7 +21,7 @@ pytest.importorskip(
     "spacy", reason="the datatrove comparison needs the 'bench' extra: pip install -e '.[bench]'"
 )
 
-from moe_dag.data.filters.reference import (  # noqa: E402
+from moe_dag.curation.filters.reference import (  # noqa: E402
     datatrove_filters,
     datatrove_keep,
     installed_documents,
@@ -61,8 +61,8 @@ def test_spacy_tables_match_the_installed_spacy(tmp_path):
     """`spacy_english.py` is generated: regenerated from the installed spaCy it holds the same tables."""
     import importlib.util
 
-    from moe_dag.data.filters import spacy_english
-    from moe_dag.data.filters.reference import write_spacy_english
+    from moe_dag.curation.filters import spacy_english
+    from moe_dag.curation.filters.reference import write_spacy_english
 
     path = tmp_path / "regenerated.py"
     write_spacy_english(path)

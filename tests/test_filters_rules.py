@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from moe_dag.data.filters import PrefilterConfig, run_filters
-from moe_dag.data.filters.fineweb import FineWebConfig, FineWebQualityFilter
-from moe_dag.data.filters.gopher_quality import GopherQualityConfig, GopherQualityFilter
-from moe_dag.data.filters.gopher_repetition import GopherRepetitionConfig, GopherRepetitionFilter
+from moe_dag.curation.filters import PrefilterConfig, run_filters
+from moe_dag.curation.filters.fineweb import FineWebConfig, FineWebQualityFilter
+from moe_dag.curation.filters.gopher_quality import GopherQualityConfig, GopherQualityFilter
+from moe_dag.curation.filters.gopher_repetition import GopherRepetitionConfig, GopherRepetitionFilter
 
 CONFIG = PrefilterConfig()
 

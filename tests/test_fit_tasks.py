@@ -13,12 +13,12 @@ import pyarrow.parquet as pq
 import pytest
 from test_dedup_backfill import sentence_text
 
-from moe_dag.data import fits
-from moe_dag.data.filters import PrefilterConfig, build_prefilters
-from moe_dag.data.filters.language import LanguageFilter
-from moe_dag.data.filters.perplexity import PerplexityConfig
-from moe_dag.data.lake import Lake
-from moe_dag.data.tasks import iter_tasks, map_tasks
+from moe_dag.curation import fits
+from moe_dag.curation.filters import PrefilterConfig, build_prefilters
+from moe_dag.curation.filters.language import LanguageFilter
+from moe_dag.curation.filters.perplexity import PerplexityConfig
+from moe_dag.engine.tasks import iter_tasks, map_tasks
+from moe_dag.storage.lake import Lake
 
 
 class CountedPickles:

@@ -12,9 +12,9 @@ from test_dedup_backfill import pipeline_config, sentence_text, write_shard
 
 from moe_dag.cli.main import main
 from moe_dag.config import load_config
-from moe_dag.data.filters import build_prefilters
-from moe_dag.data.filters.perplexity import PerplexityFilter
-from moe_dag.data.fits import (
+from moe_dag.curation.filters import build_prefilters
+from moe_dag.curation.filters.perplexity import PerplexityFilter
+from moe_dag.curation.fits import (
     change_counts,
     changed_decisions,
     decisions,
@@ -25,8 +25,8 @@ from moe_dag.data.fits import (
     store_fit,
     with_fit,
 )
-from moe_dag.data.lake import Lake
 from moe_dag.orchestration.definitions import build_definitions
+from moe_dag.storage.lake import Lake
 
 TEXTS = [
     f"Entry {i}: the river runs through the old town and past the mill number {i % 7}." for i in range(60)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import GptOssConfig, GptOssModel, LlamaConfig, LlamaModel
 
-from moe_dag.data.heads import (
+from moe_dag.quality.heads import (
     Backbone,
     BackboneConfig,
     CalibrationConfig,
@@ -29,7 +29,7 @@ from moe_dag.data.heads import (
     save_heads,
     train_heads,
 )
-from moe_dag.data.heads.store import META_FILE, WEIGHTS_FILE
+from moe_dag.quality.heads.store import META_FILE, WEIGHTS_FILE
 
 TEXTS = [
     "Photosynthesis converts light energy into chemical energy stored in glucose.",
@@ -382,7 +382,7 @@ def test_the_quality_heads_stage_runs_as_a_library_call_without_dagster(tmp_path
     documents, heads trained, thresholds per source on unseen documents, heads saved and loadable."""
     import pyarrow as pa
 
-    from moe_dag.data.quality_heads import distil_heads, labelled_documents
+    from moe_dag.quality.build_heads import distil_heads, labelled_documents
 
     texts, rubrics, scores, sources = _labelled_corpus()
     ids = [f"d{i:03d}" for i in range(len(texts))]

@@ -4,8 +4,8 @@ import json
 
 import pyarrow.compute as pc
 
-from moe_dag.data.ingest import ingest_source
-from moe_dag.data.lake import Lake
+from moe_dag.curation.ingest import ingest_source
+from moe_dag.storage.lake import Lake
 
 
 def _write_shard(path, ids):

@@ -14,11 +14,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from moe_dag.data.engine import ShardInput, process_shard, raw_shard_inputs
-from moe_dag.data.engine.blocks import BlockSizes, commit_blocks
-from moe_dag.data.ingest import INGEST, ingest_source
-from moe_dag.data.lake import Lake
-from moe_dag.data.readers import ShardReadResult, read_block_batches, read_shard, shard_spans
+from moe_dag.curation.ingest import INGEST, ingest_source
+from moe_dag.engine import ShardInput, process_shard, raw_shard_inputs
+from moe_dag.engine.blocks import BlockSizes
+from moe_dag.engine.join import commit_blocks
+from moe_dag.storage.lake import Lake
+from moe_dag.storage.readers import ShardReadResult, read_block_batches, read_shard, shard_spans
 
 STAGES = ("raw_documents", "quarantine")
 TIMINGS = ("seconds", "nodes", "blocks")  # what may differ between a split and an unsplit run
@@ -157,7 +158,7 @@ def test_compressed_and_small_shards_stay_whole(tmp_path):
 
 
 def test_only_a_stage_with_idle_workers_splits(tmp_path):
-    from moe_dag.data.engine.run import _work_items
+    from moe_dag.engine.run import _work_items
 
     corpus, lake = tmp_path / "web", Lake(tmp_path / "lake")
     for name in ("a", "b"):

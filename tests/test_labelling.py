@@ -13,9 +13,7 @@ from pathlib import Path
 import pytest
 from oracle_server import OracleServer, Reply, document_of, scores_reply
 
-from moe_dag.data.catalog import Catalog
-from moe_dag.data.lake import Lake
-from moe_dag.data.oracle import (
+from moe_dag.quality.oracle import (
     LabelCache,
     LabellingConfig,
     LabelRequest,
@@ -26,6 +24,8 @@ from moe_dag.data.oracle import (
     label_documents,
     text_hash,
 )
+from moe_dag.storage.catalog import Catalog
+from moe_dag.storage.lake import Lake
 
 SCORES = {"helpfulness": 3, "correctness": 4, "coherence": 4, "complexity": 2, "verbosity": 2}
 REPO = Path(__file__).resolve().parents[1]
@@ -140,8 +140,8 @@ def test_an_oracle_that_is_down_stops_the_run_keeping_what_was_labelled(tmp_path
 
 LABELLING_SCRIPT = """
 import sys
-from moe_dag.data.lake import Lake
-from moe_dag.data.oracle import (LabelCache, LabellingConfig, LabelRequest, OpenAICompatibleConfig,
+from moe_dag.storage.lake import Lake
+from moe_dag.quality.oracle import (LabelCache, LabellingConfig, LabelRequest, OpenAICompatibleConfig,
                                  OpenAICompatibleOracle, label_documents)
 url, lake = sys.argv[1], sys.argv[2]
 requests = [LabelRequest(id=f"d{i}", text=f"text {i}", source="web", rubric="general") for i in range(100)]

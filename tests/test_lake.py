@@ -1,8 +1,8 @@
 import pyarrow as pa
 import pytest
 
-from moe_dag.data.catalog import Catalog, chain_breaks
-from moe_dag.data.lake import Lake
+from moe_dag.storage.catalog import Catalog, chain_breaks
+from moe_dag.storage.lake import Lake
 
 
 def test_write_replaces_only_its_own_partition(tmp_path):

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from moe_dag.assets.bounds import ChecksConfig, lost_languages
 from moe_dag.assets.reporting import LANGUAGES_KEPT
-from moe_dag.data.counts import language_counts
-from moe_dag.data.lake import Lake
+from moe_dag.curation.counts import language_counts
+from moe_dag.operations.bounds import ChecksConfig, lost_languages
 from moe_dag.orchestration.definitions import build_definitions
+from moe_dag.storage.lake import Lake
 
 
 def test_a_language_that_loses_every_document_is_named(tmp_path):

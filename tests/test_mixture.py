@@ -13,10 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moe_dag.assets.bounds import untrained_sources
-from moe_dag.data.engine import run_stage
-from moe_dag.data.lake import Lake
-from moe_dag.data.mixture import (
+from moe_dag.engine import run_stage
+from moe_dag.mixture import (
     MixtureConfig,
     MixtureSampler,
     SourceTokens,
@@ -26,19 +24,21 @@ from moe_dag.data.mixture import (
     split_heldout,
     training_documents,
 )
-from moe_dag.data.mixture import build as mixture_build
-from moe_dag.data.mixture.build import heldout_table
-from moe_dag.data.mixture.curated import (
+from moe_dag.mixture import build as mixture_build
+from moe_dag.mixture.build import heldout_table
+from moe_dag.mixture.curated import (
     TOKENS_STAGE,
     build_curated_mixture,
     read_heldout_cuts,
     train_curated_tokenizer,
 )
-from moe_dag.data.mixture.heldout import heldout_count, heldout_cut, split_at_cut
-from moe_dag.data.mixture.neutral import EXCLUSION_SCHEMA, EXCLUSIONS_STAGE, without_excluded
-from moe_dag.data.mixture.token_shards import token_dtype, write_token_shard
-from moe_dag.data.mixture.unfiltered import build_unfiltered_mixture, unfiltered_documents
-from moe_dag.data.tokenizer import TokenizerConfig, save_tokenizer, train_tokenizer
+from moe_dag.mixture.heldout import heldout_count, heldout_cut, split_at_cut
+from moe_dag.mixture.neutral import EXCLUSION_SCHEMA, EXCLUSIONS_STAGE, without_excluded
+from moe_dag.mixture.token_shards import token_dtype, write_token_shard
+from moe_dag.mixture.tokenizer import TokenizerConfig, save_tokenizer, train_tokenizer
+from moe_dag.mixture.unfiltered import build_unfiltered_mixture, unfiltered_documents
+from moe_dag.operations.bounds import untrained_sources
+from moe_dag.storage.lake import Lake
 
 # ---------------------------------------------------------------------------------------------- sampler
 

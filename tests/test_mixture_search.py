@@ -7,8 +7,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from moe_dag.data.mixture import MixtureConfig, SourceTokens, write_token_shard
-from moe_dag.data.mixture.search import (
+from moe_dag.mixture import MixtureConfig, SourceTokens, write_token_shard
+from moe_dag.mixture.search import (
     AVERAGE,
     FitError,
     MixingLaw,
@@ -21,7 +21,7 @@ from moe_dag.data.mixture.search import (
     propose,
     sample_candidates,
 )
-from moe_dag.data.tokenizer import TokenizerConfig, eos_id, train_tokenizer
+from moe_dag.mixture.tokenizer import TokenizerConfig, eos_id, train_tokenizer
 from moe_dag.training.compare import (
     average_bits_per_byte,
     gain_of_replicas,
@@ -191,7 +191,7 @@ class _NotConverged:
 def test_a_law_that_does_not_converge_is_left_out_of_the_choice(monkeypatch) -> None:
     import scipy.optimize
 
-    from moe_dag.data.mixture import search
+    from moe_dag.mixture import search
 
     shares, losses = _law_swarm(8, noise=0.002)
     monkeypatch.setattr(scipy.optimize, "least_squares", lambda *args, **kwargs: _NotConverged())

@@ -18,9 +18,9 @@ import pytest
 import yaml
 
 from moe_dag.config import load_config
-from moe_dag.data.catalog import Catalog
-from moe_dag.data.lake import Lake
 from moe_dag.orchestration.pipeline import materialize_all
+from moe_dag.storage.catalog import Catalog
+from moe_dag.storage.lake import Lake
 
 FIXTURE = Path(__file__).parent / "fixtures" / "multilingual" / "gettext_parallel.jsonl.gz"
 KEEP_RATE = 0.7

@@ -16,9 +16,9 @@ import pytest
 import yaml
 
 from moe_dag.config import load_config
-from moe_dag.data.demo_corpus import build_demo_corpus
-from moe_dag.data.lake import Lake
+from moe_dag.curation.demo_corpus import build_demo_corpus
 from moe_dag.orchestration.definitions import build_definitions
+from moe_dag.storage.lake import Lake
 from tests.test_end_to_end import tiny_config
 
 # Curation, dedup and scoring, stage by stage as `moe-dag run` orders them (per source, then global).

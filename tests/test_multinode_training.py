@@ -24,8 +24,8 @@ from torch.distributed.tensor import Replicate, Shard
 
 from moe_dag.assets.training import moe_proxy
 from moe_dag.config import DEFAULT_CONFIG, load_config
-from moe_dag.data.lake import Lake
 from moe_dag.orchestration.definitions import build_definitions
+from moe_dag.storage.lake import Lake
 from moe_dag.training.config import ParallelConfig, tiny
 from moe_dag.training.distributed import DistInfo
 from moe_dag.training.model import build_model

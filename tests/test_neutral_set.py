@@ -13,10 +13,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from moe_dag.data.dedup.clusters import cluster_mates
-from moe_dag.data.lake import Lake
-from moe_dag.data.mixture.heldout import heldout_cut
-from moe_dag.data.mixture.neutral import (
+from moe_dag.curation.dedup.clusters import cluster_mates
+from moe_dag.mixture.heldout import heldout_cut
+from moe_dag.mixture.neutral import (
     NEUTRAL_STAGE,
     EvaluationConfig,
     Exclusions,
@@ -29,8 +28,9 @@ from moe_dag.data.mixture.neutral import (
     write_evaluation_set,
     write_exclusions,
 )
-from moe_dag.data.mixture.sampler import stable_hash
-from moe_dag.data.tokenizer import TokenizerConfig, eos_id, train_tokenizer
+from moe_dag.mixture.sampler import stable_hash
+from moe_dag.mixture.tokenizer import TokenizerConfig, eos_id, train_tokenizer
+from moe_dag.storage.lake import Lake
 from moe_dag.training.data import read_heldout, read_mixture
 
 

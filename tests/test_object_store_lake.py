@@ -15,8 +15,14 @@ import torch
 s3fs = pytest.importorskip("s3fs")
 moto_server = pytest.importorskip("moto.server")
 
-from moe_dag.data.catalog import Catalog  # noqa: E402
-from moe_dag.data.heads import (  # noqa: E402
+from moe_dag.mixture.token_shards import TokenShard, write_token_shard  # noqa: E402
+from moe_dag.mixture.tokenizer import (  # noqa: E402
+    TokenizerConfig,
+    load_tokenizer,
+    save_tokenizer,
+    train_tokenizer,
+)
+from moe_dag.quality.heads import (  # noqa: E402
     BackboneConfig,
     JudgeHead,
     JudgeHeadConfig,
@@ -26,14 +32,8 @@ from moe_dag.data.heads import (  # noqa: E402
     load_heads,
     save_heads,
 )
-from moe_dag.data.lake import ARTIFACT_MANIFEST, Lake, LakeArtifact  # noqa: E402
-from moe_dag.data.mixture.token_shards import TokenShard, write_token_shard  # noqa: E402
-from moe_dag.data.tokenizer import (  # noqa: E402
-    TokenizerConfig,
-    load_tokenizer,
-    save_tokenizer,
-    train_tokenizer,
-)
+from moe_dag.storage.catalog import Catalog  # noqa: E402
+from moe_dag.storage.lake import ARTIFACT_MANIFEST, Lake, LakeArtifact  # noqa: E402
 
 BUCKET = "bucket"
 TEXTS = [f"document {i} about rivers, bridges and the number {i * 7}" for i in range(40)]
@@ -160,9 +160,9 @@ def test_tokenizer_and_token_shard_on_s3_are_memory_mapped_from_the_local_copy(s
 def test_a_token_shard_written_by_a_stage_on_s3_is_memory_mapped_from_the_local_slice(s3_lake_url, tmp_path):
     """The engine's files written by path (token shards) go to the lake through a local staging file;
     readers memory-map the slice's local copy, refreshed when a shard is rewritten."""
-    from moe_dag.data.engine.shards import ShardInput
-    from moe_dag.data.engine.stage import ShardWork, StageSpec, process_shard
-    from moe_dag.data.mixture.token_shards import TokenShardWriter
+    from moe_dag.engine.shards import ShardInput
+    from moe_dag.engine.stage import ShardWork, StageSpec, process_shard
+    from moe_dag.mixture.token_shards import TokenShardWriter
 
     tokenizer = train_tokenizer(TEXTS, TokenizerConfig(vocab_size=300))
 

@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from moe_dag.data.oracle import (
+from moe_dag.quality.oracle import (
     CODE,
     GENERAL,
     PROMPT_VERSION,
@@ -21,7 +21,7 @@ from moe_dag.data.oracle import (
     stratified_sample,
     table_to_labels,
 )
-from moe_dag.data.schema import SOURCE_KINDS
+from moe_dag.storage.schema import SOURCE_KINDS
 
 PROSE = (
     "The mitochondrion is the organelle that produces most of the chemical energy a cell needs. "

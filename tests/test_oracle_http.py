@@ -13,8 +13,7 @@ import time
 import pytest
 from oracle_server import OracleServer, Reply, completion, document_of, scores_reply
 
-from moe_dag.data.lake import Lake
-from moe_dag.data.oracle import (
+from moe_dag.quality.oracle import (
     GENERAL,
     LabelCache,
     LabellingConfig,
@@ -25,7 +24,8 @@ from moe_dag.data.oracle import (
     label_documents,
     redact,
 )
-from moe_dag.data.oracle.openai_compatible import retry_after_seconds
+from moe_dag.quality.oracle.openai_compatible import retry_after_seconds
+from moe_dag.storage.lake import Lake
 
 SCORES = {"helpfulness": 3, "correctness": 4, "coherence": 4, "complexity": 2, "verbosity": 2}
 KEY = "sk-test-0123456789abcdef"

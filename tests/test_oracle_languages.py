@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from moe_dag.data.oracle import GENERAL
-from moe_dag.data.oracle.rules import score_general
+from moe_dag.quality.oracle import GENERAL
+from moe_dag.quality.oracle.rules import score_general
 
 LIBRARY = {
     "en": (

@@ -10,8 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from moe_dag.data.readers import ShardReadError, list_shards, read_shard, read_shard_batches, read_shards
-from moe_dag.data.schema import DOCUMENT_SCHEMA, QUARANTINE_SCHEMA
+from moe_dag.storage.readers import ShardReadError, list_shards, read_shard, read_shard_batches, read_shards
+from moe_dag.storage.schema import DOCUMENT_SCHEMA, QUARANTINE_SCHEMA
 
 # The structure of a real line of Dolma's Common Crawl test data (allenai/dolma, Apache-2.0), text cut.
 DOLMA_LINE = (
@@ -218,7 +218,7 @@ def test_lone_cr_and_crlf_line_endings_split_records(tmp_path):
 
 
 def test_a_crlf_split_across_read_chunks_is_one_line_ending(tmp_path, monkeypatch):
-    monkeypatch.setattr("moe_dag.data.readers.CHUNK_BYTES", 7)
+    monkeypatch.setattr("moe_dag.storage.readers.CHUNK_BYTES", 7)
     path = tmp_path / "small-chunks.jsonl"
     path.write_bytes(b"".join(json.dumps({"id": i, "text": "t" * i}).encode() + b"\r\n" for i in range(1, 9)))
     result = read_shard(str(path), "web")

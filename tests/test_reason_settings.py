@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from moe_dag.assets.bounds import ChecksConfig, drop_share_violations, emptied_source, reason_settings
 from moe_dag.config import load_config
-from moe_dag.data.filters import PrefilterConfig, ToxicityConfig, build_prefilters, build_toxicity_filters
+from moe_dag.curation.filters import PrefilterConfig, ToxicityConfig, build_prefilters, build_toxicity_filters
+from moe_dag.operations.bounds import ChecksConfig, drop_share_violations, emptied_source
 
 
 @pytest.fixture
@@ -33,25 +33,25 @@ def config(tmp_path):
 
 
 def test_the_emptied_source_message_names_each_top_reason_s_key_and_its_value(config):
-    settings = reason_settings("prefiltered", config, "b")
+    settings = config.reason_settings("prefiltered", "b")
     reasons = {"gopher_too_few_words": 100, "language_not_allowed": 7, "perplexity_too_high": 2}
     message = emptied_source("prefiltered", "b", reasons, 109, 0, settings)
     assert "gopher_too_few_words 100 (prefilter.gopher_quality.min_words = 80 for source b)" in message
     assert "language_not_allowed 7 (sources[b].languages = ['en'] for source b)" in message
     assert "perplexity_too_high 2 (prefilter.perplexity.high_percentile = 99.0 for source b)" in message
     # Source a keeps Gopher's own minimum: the value is the source's.
-    assert reason_settings("prefiltered", config, "a")["gopher_too_few_words"].startswith(
+    assert config.reason_settings("prefiltered", "a")["gopher_too_few_words"].startswith(
         "prefilter.gopher_quality.min_words = 50 "
     )
 
 
 def test_the_drop_share_message_names_the_reason_s_key_and_value(config):
-    settings = reason_settings("toxicity_filtered", config, "a")
+    settings = config.reason_settings("toxicity_filtered", "a")
     (found,) = drop_share_violations(
         "toxicity_filtered", "a", {"toxic_lines": 6}, 10, ChecksConfig(), settings
     )
     assert "'toxic_lines' (toxicity.max_toxic_share = 0.1 for source a) dropped 6 of 10" in found
-    repetition = reason_settings("prefiltered", config, "a")["gopher_top_2gram_chars"]
+    repetition = config.reason_settings("prefiltered", "a")["gopher_top_2gram_chars"]
     assert repetition == "prefilter.gopher_repetition.max_top_ngram_char_fraction.2 = 0.2 for source a"
 
 
@@ -62,7 +62,7 @@ def test_every_reason_a_filter_can_give_is_mapped():
         *build_prefilters(PrefilterConfig(), "code", None),
         *build_toxicity_filters(ToxicityConfig(), "web"),
     ]
-    from moe_dag.assets.bounds import _STAGE_SETTINGS
+    from moe_dag.operations.bounds import _STAGE_SETTINGS
 
     mapped = {
         reason

@@ -8,8 +8,8 @@ import pytest
 from test_dedup_backfill import pipeline_config
 
 from moe_dag.assets.operating import operated, operation
-from moe_dag.assets.refresh import Refresh, RefreshConfig, moved_sources
 from moe_dag.config import load_config
+from moe_dag.operations.refresh import Refresh, RefreshConfig, moved_sources
 from moe_dag.orchestration.automation import with_operating_attributes
 from moe_dag.orchestration.definitions import build_definitions
 from moe_dag.orchestration.staleness import Staleness

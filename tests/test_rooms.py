@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import dagster as dg
-import pytest
 
 import moe_dag
 from moe_dag.orchestration.definitions import build_definitions
@@ -17,28 +16,127 @@ from moe_dag.orchestration.pipeline import Stage, stages
 PACKAGE = Path(moe_dag.__file__).parent
 
 
+# The floors, lowest first: a module imports only from its own room or from rooms on lower floors.
+# Curation is the graph's first group; quality and mixture read what it curated and use its library
+# (dedup's cluster mates, its sentence terminators), so they stand a floor above it.
+FLOORS = {
+    "kernels": 1,
+    "storage": 1,
+    "engine": 2,
+    "training": 2,
+    "curation": 3,
+    "quality": 4,
+    "mixture": 4,
+    "operations": 5,
+    "config": 6,
+    "assets": 7,
+    "orchestration": 8,
+    "cli": 9,
+}
+DAGSTER_ROOMS = ("assets", "orchestration", "cli")
+
+
 def imported_modules(path: Path) -> list[str]:
+    """Every module `path` imports, at any depth (inside functions and `if TYPE_CHECKING:` too). Of
+    `from package import name`, `package.name` where that is a module of moe_dag, else `package`."""
     modules = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             modules += [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module:
-            modules.append(node.module)
+            named = [f"{node.module}.{alias.name}" for alias in node.names]
+            modules += [name for name in named if name in MODULES] or [node.module]
+            modules += [node.module] if any(name not in MODULES for name in named) else []
     return modules
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _own_module(name: str) -> str | None:
+    """The module of moe_dag that an imported name lives in (`a.b.func` -> `a.b`), if any."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _room(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def _imports(module: str) -> list[str]:
+    owned = {_own_module(name) for name in imported_modules(MODULES[module])}
+    return sorted(owned - {None, module, "moe_dag"})
+
+
+IMPORTS = {module: _imports(module) for module in MODULES}
+
+
+def test_every_room_has_a_floor():
+    assert {_room(module) for module in MODULES} - {None} == set(FLOORS)
 
 
 def test_the_root_holds_only_the_package_init_and_the_config_loader():
     assert sorted(path.name for path in PACKAGE.glob("*.py")) == ["__init__.py", "config.py"]
 
 
-@pytest.mark.parametrize("room", ["kernels", "training", "data"])
-def test_the_library_rooms_never_import_dagster_or_the_rooms_above(room):
-    above = ("moe_dag.assets", "moe_dag.orchestration", "moe_dag.cli", "moe_dag.config")
+def test_no_import_runs_up_a_floor_or_across_one():
     offenders = [
-        f"{path.relative_to(PACKAGE)}: {module}"
-        for path in sorted((PACKAGE / room).rglob("*.py"))
-        for module in imported_modules(path)
-        if module.split(".")[0].startswith("dagster") or module.startswith(above)
+        f"{module} -> {target}"
+        for module, targets in IMPORTS.items()
+        for target in targets
+        if _room(module) != _room(target) and FLOORS[_room(target)] >= FLOORS[_room(module)]
+    ]
+    assert offenders == []
+
+
+def test_no_import_circle():
+    """Tarjan's strongly connected components over the module graph: each must be one module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in IMPORTS[module]:
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == module:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for module in IMPORTS:
+        if module not in index:
+            visit(module)
+    assert circles == []
+
+
+def test_dagster_is_imported_only_in_the_dagster_rooms():
+    """The libraries below run in notebooks, scripts and torchrun workers without Dagster, not even
+    `dagster_pipes` (the trainer reports to Dagster through orchestration/pipes_training.py)."""
+    offenders = [
+        f"{path.relative_to(PACKAGE)}: {name}"
+        for module, path in MODULES.items()
+        if _room(module) not in DAGSTER_ROOMS
+        for name in imported_modules(path)
+        if name.split(".")[0].startswith("dagster")
     ]
     assert offenders == []
 
@@ -46,23 +144,11 @@ def test_the_library_rooms_never_import_dagster_or_the_rooms_above(room):
 def test_the_config_and_the_definitions_load_without_transformers() -> None:
     """Every Dagster process (code server, run and step workers) and the CLI import these; transformers
     (and torch._dynamo through its mask builders) costs each 2 s or more, so it is imported where a
-    backbone is loaded or run (data/heads/backbone.py)."""
+    backbone is loaded or run (quality/heads/backbone.py)."""
     code = "import sys, moe_dag.config, moe_dag.orchestration.definitions\n"
     code += "print(sorted({'transformers', 'torch._dynamo'} & set(sys.modules)))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
-
-
-def test_assets_import_from_orchestration_only_its_resources_and_the_dagster_adapter():
-    """Everything else in orchestration imports the assets: an asset importing it would close a circle."""
-    allowed = {"moe_dag.orchestration.resources", "moe_dag.orchestration.dagster_internals"}
-    offenders = [
-        f"{path.name}: {module}"
-        for path in sorted((PACKAGE / "assets").glob("*.py"))
-        for module in imported_modules(path)
-        if module.startswith(("moe_dag.orchestration", "moe_dag.cli")) and module not in allowed
-    ]
-    assert offenders == []
 
 
 def test_dagster_private_modules_are_imported_in_one_adapter_only():
@@ -71,7 +157,7 @@ def test_dagster_private_modules_are_imported_in_one_adapter_only():
         for path in PACKAGE.rglob("*.py")
         if any(module.startswith("dagster._") for module in imported_modules(path))
     )
-    assert importers == ["orchestration/dagster_internals.py"]
+    assert importers == ["assets/dagster_internals.py"]
 
 
 def _called_name(call: ast.Call) -> str | None:
@@ -120,11 +206,11 @@ def test_work_sent_to_ray_workers_is_defined_in_the_libraries():
 
 def test_the_adapter_was_checked_against_the_installed_dagster_series():
     """A Dagster upgrade re-checks each private name the adapter imports (then bump the series there)."""
-    from moe_dag.orchestration.dagster_internals import CHECKED_DAGSTER_SERIES
+    from moe_dag.assets.dagster_internals import CHECKED_DAGSTER_SERIES
 
     installed = ".".join(dg.__version__.split(".")[:2])
     assert installed == CHECKED_DAGSTER_SERIES, (
-        f"dagster {dg.__version__} installed; moe_dag/orchestration/dagster_internals.py was checked against "
+        f"dagster {dg.__version__} installed; moe_dag/assets/dagster_internals.py was checked against "
         f"{CHECKED_DAGSTER_SERIES}.x"
     )
 

@@ -8,7 +8,7 @@ import pyarrow.compute as pc
 import pytest
 import torch
 
-from moe_dag.data.heads import (
+from moe_dag.quality.heads import (
     BackboneConfig,
     JudgeHead,
     JudgeHeadConfig,
@@ -18,9 +18,15 @@ from moe_dag.data.heads import (
     heads_version,
     load_backbone,
 )
-from moe_dag.data.oracle import GENERAL
-from moe_dag.data.schema import reason_counts
-from moe_dag.data.scoring import JUDGE_DROP, PROBE_EXIT, early_exit_summary, score_documents, split_reusable
+from moe_dag.quality.oracle import GENERAL
+from moe_dag.quality.scoring import (
+    JUDGE_DROP,
+    PROBE_EXIT,
+    early_exit_summary,
+    score_documents,
+    split_reusable,
+)
+from moe_dag.storage.schema import reason_counts
 
 TEXTS = [
     "Rivers carry sediment from the mountains to the sea, building deltas over thousands of years.",
@@ -186,12 +192,12 @@ def test_rows_scored_by_the_current_heads_are_not_scored_again(setup):
 def test_a_shard_rescored_after_new_thresholds_reuses_its_rows(setup, tmp_path, monkeypatch):
     """New thresholds redo the shard (its record names them) but only re-decide rows the current heads
     scored: the backbone does not run again."""
-    from moe_dag.data.engine import StageSpec
-    from moe_dag.data.engine.run import run_stage
-    from moe_dag.data.engine.shards import ShardInput
-    from moe_dag.data.engine.stages import ScoringWork
-    from moe_dag.data.heads import save_heads
-    from moe_dag.data.lake import Lake
+    from moe_dag.engine import StageSpec
+    from moe_dag.engine.run import run_stage
+    from moe_dag.engine.shards import ShardInput
+    from moe_dag.quality.heads import save_heads
+    from moe_dag.quality.work import ScoringWork
+    from moe_dag.storage.lake import Lake
 
     backbone, heads, table = setup
     lake = Lake(tmp_path / "lake")
@@ -212,7 +218,7 @@ def test_a_shard_rescored_after_new_thresholds_reuses_its_rows(setup, tmp_path, 
     first = score(0.5, tmp_path / "heads")
     assert first.shards_run == 1
     monkeypatch.setattr(
-        "moe_dag.data.engine.stages.ScoringWork.backbone", property(lambda self: pytest.fail("rescored"))
+        "moe_dag.quality.work.ScoringWork.backbone", property(lambda self: pytest.fail("rescored"))
     )
     second = score(1.0, tmp_path / "heads")  # stricter: every row dropped, none scored again
     assert second.shards_run == 1 and second.counts["kept"] == 0

@@ -2,7 +2,7 @@
 
 import os
 
-from moe_dag.data.shard_ledger import ShardLedger, ShardRead, file_checksum, scan_shards
+from moe_dag.engine.shard_ledger import ShardLedger, ShardRead, file_checksum, scan_shards
 
 
 def read_now(location: str) -> list[ShardRead]:

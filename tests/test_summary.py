@@ -54,8 +54,8 @@ def test_summary_reports_a_source_that_lost_every_document(tmp_path):
 
 def test_catalog_and_summary_report_the_kept_share_of_each_language(tmp_path):
     """Issue 20: a source could keep 69% while whole languages of it vanished, and nothing showed it."""
-    from moe_dag.data.catalog import Catalog
-    from moe_dag.data.lake import Lake
+    from moe_dag.storage.catalog import Catalog
+    from moe_dag.storage.lake import Lake
 
     path = write_config(tmp_path)
     lake = Lake(tmp_path / "lake")

@@ -12,8 +12,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from moe_dag.data.heads.thresholds import CalibrationConfig, Thresholds, calibrate_source, dominant_script
-from moe_dag.data.scoring import decide
+from moe_dag.quality.heads.thresholds import CalibrationConfig, Thresholds, calibrate_source, dominant_script
+from moe_dag.quality.scoring import decide
 
 KEEP_RATE = 0.7
 TEXTS = {

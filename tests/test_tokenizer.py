@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from moe_dag.data.tokenizer import (
+from moe_dag.mixture.tokenizer import (
     TokenizerConfig,
     eos_id,
     load_pretrained_tokenizer,

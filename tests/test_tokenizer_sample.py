@@ -10,13 +10,13 @@ import random
 import pyarrow as pa
 import pytest
 
-from moe_dag.data.lake import Lake
-from moe_dag.data.mixture import MixtureConfig
-from moe_dag.data.mixture.curated import heldout_cuts, sample_tops, train_curated_tokenizer
-from moe_dag.data.mixture.heldout import split_at_cut
-from moe_dag.data.mixture.neutral import Exclusions
-from moe_dag.data.mixture.sampler import stable_hash
-from moe_dag.data.tokenizer import TokenizerConfig, train_tokenizer
+from moe_dag.mixture import MixtureConfig
+from moe_dag.mixture.curated import heldout_cuts, sample_tops, train_curated_tokenizer
+from moe_dag.mixture.heldout import split_at_cut
+from moe_dag.mixture.neutral import Exclusions
+from moe_dag.mixture.sampler import stable_hash
+from moe_dag.mixture.tokenizer import TokenizerConfig, train_tokenizer
+from moe_dag.storage.lake import Lake
 
 CONFIG = MixtureConfig(
     weights={"web": 0.6, "code": 0.4}, seq_len=32, heldout_fraction=0.1, heldout_min_documents=5

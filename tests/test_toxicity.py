@@ -10,7 +10,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from moe_dag.data.filters import ToxicityConfig, build_toxicity_filters, run_filters
+from moe_dag.curation.filters import ToxicityConfig, build_toxicity_filters, run_filters
 
 NEUTRAL_LINES = (
     "The river runs through the old town and past the mill where bread was baked for centuries.",

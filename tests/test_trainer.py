@@ -267,8 +267,8 @@ def test_two_rank_data_parallel_matches_one_rank(repeating_data: Path, tmp_path:
 def built_mixture(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real mixture from the data room: three sources of short documents, so the longest document
     (the unit of the share guarantee) is small next to the tokens of a few steps."""
-    from moe_dag.data.mixture import MixtureConfig, build_mixture
-    from moe_dag.data.tokenizer import TokenizerConfig, train_tokenizer
+    from moe_dag.mixture import MixtureConfig, build_mixture
+    from moe_dag.mixture.tokenizer import TokenizerConfig, train_tokenizer
 
     rng = np.random.default_rng(0)
     words = ["data", "model", "expert", "token", "the", "of", "and", "route"]
@@ -292,7 +292,7 @@ def built_mixture(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _longest_document(mixture_dir: Path) -> int:
-    from moe_dag.data.mixture import TokenShard
+    from moe_dag.mixture import TokenShard
 
     sources = json.loads((mixture_dir / "mixture.json").read_text())["sources"]
     return max(int(TokenShard.open(mixture_dir / "shards", source).lengths.max()) for source in sources)

@@ -16,11 +16,11 @@ from moe_dag.assets.comparisons import moe_gain
 from moe_dag.assets.mixture import tokenized_mixture, tokenizer
 from moe_dag.assets.training import moe_proxy, proxy_eval
 from moe_dag.config import DEFAULT_CONFIG, load_config
-from moe_dag.data.catalog import Catalog
-from moe_dag.data.lake import Lake
-from moe_dag.data.mixture import split_heldout
-from moe_dag.data.tokenizer import load_tokenizer
+from moe_dag.mixture import split_heldout
+from moe_dag.mixture.tokenizer import load_tokenizer
 from moe_dag.orchestration.definitions import build_definitions
+from moe_dag.storage.catalog import Catalog
+from moe_dag.storage.lake import Lake
 
 SECRET = "zyzzogeton"  # a word only the held-out documents contain
 

@@ -43,7 +43,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
 from moe_dag.config import load_config
-from moe_dag.data.demo_corpus import build_demo_corpus
+from moe_dag.curation.demo_corpus import build_demo_corpus
 from moe_dag.orchestration.definitions import build_definitions
 
 REPO = Path(__file__).resolve().parents[1]

@@ -17,8 +17,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from moe_dag.data.lake import Lake
-from moe_dag.data.oracle import (
+from moe_dag.quality.oracle import (
     CODE,
     GENERAL,
     LabelCache,
@@ -28,6 +27,7 @@ from moe_dag.data.oracle import (
     VLLMEngineOracle,
     label_documents,
 )
+from moe_dag.storage.lake import Lake
 
 SCORES = {"helpfulness": 3, "correctness": 4, "coherence": 4, "complexity": 2, "verbosity": 2}
 CODE_SCORES = {"readability": 7, "modularity": 6, "clarity": 5, "reusability": 4}

@@ -3,8 +3,8 @@
 import dagster as dg
 
 from moe_dag.assets.operating import operated
-from moe_dag.data.catalog import LAKE_STAGES, Catalog, chain_breaks
-from moe_dag.orchestration.resources import PipelineResource
+from moe_dag.assets.resources import PipelineResource
+from moe_dag.storage.catalog import LAKE_STAGES, Catalog, chain_breaks
 
 
 @dg.asset(

@@ -24,7 +24,7 @@ import dagster as dg
 from moe_dag.assets.evaluation import evaluation_set_dirs
 from moe_dag.assets.mixture import REMIX
 from moe_dag.assets.operating import operated
-from moe_dag.assets.plots import curves_png, png_markdown
+from moe_dag.assets.resources import PipelineResource, RayResource
 from moe_dag.assets.training_runs import (
     TRAINING_CHECK_READS,
     bits_per_byte_plot,
@@ -36,9 +36,9 @@ from moe_dag.assets.training_runs import (
     run_dir_for,
     training_losses,
 )
-from moe_dag.data.mixture.neutral import NEUTRAL_SET
-from moe_dag.data.mixture.unfiltered import build_unfiltered_mixture
-from moe_dag.orchestration.resources import PipelineResource, RayResource
+from moe_dag.mixture.neutral import NEUTRAL_SET
+from moe_dag.mixture.unfiltered import build_unfiltered_mixture
+from moe_dag.operations.plots import curves_png, png_markdown
 from moe_dag.training.baselines import dense_overrides
 from moe_dag.training.compare import compare_runs, read_document_losses, verdict
 from moe_dag.training.eval_sets import evaluate_on_sets, set_folder
@@ -68,7 +68,7 @@ def unfiltered_mixture(
 ) -> dg.MaterializeResult:
     """Every ingested document (no filters, dedup or quality heads) packed like the curated mixture, to
     the same token budget; the curated held-out documents, the neutral set, and their exact and near
-    copies left out. Raw text is read and tokenised per shard on Ray (moe_dag/data/mixture/unfiltered.py)."""
+    copies left out. Raw text is read and tokenised per shard on Ray (moe_dag/mixture/unfiltered.py)."""
     lake, config = pipeline.lake, pipeline.config
     built = build_unfiltered_mixture(
         lake,

@@ -11,7 +11,7 @@ full recomputation (tests/test_dedup_backfill.py).
 
 `minhash_signatures` and `deduplicated` run shard by shard on the data-plane engine (one output file
 per input shard). The global step reads signature files only, never texts, and runs in partitions as
-Ray tasks (`moe_dag/data/dedup/partitioned.py`); it writes one cluster file per signature shard, so
+Ray tasks (`moe_dag/curation/dedup/partitioned.py`); it writes one cluster file per signature shard, so
 each `deduplicated` task reads only the cluster rows of the shard it processes.
 """
 
@@ -25,7 +25,6 @@ import pyarrow as pa
 
 from moe_dag.assets.operating import operated
 from moe_dag.assets.partitions import PER_SOURCE
-from moe_dag.assets.plots import bars_png, png_markdown
 from moe_dag.assets.reporting import (
     DUPLICATE_SHARE,
     decision_check_specs,
@@ -33,28 +32,29 @@ from moe_dag.assets.reporting import (
     engine_metadata,
     run_source_stage,
 )
-from moe_dag.data.dedup import (
+from moe_dag.assets.resources import PipelineResource, RayResource
+from moe_dag.curation.dedup import (
     CLUSTER_VERSION,
     built_from_version,
     cluster_partitioned,
     cluster_versions,
     signature_rows,
 )
-from moe_dag.data.dedup.clusters import (
+from moe_dag.curation.dedup.clusters import (
     EMPTY_VERSION,
     cluster_row_counts,
     file_built_from_versions,
     file_cluster_version,
 )
-from moe_dag.data.dedup.partitioned import CLUSTERS_STAGE, recorded_versions
-from moe_dag.data.dedup.report import DuplicateReport
-from moe_dag.data.engine import StageSpec
-from moe_dag.data.engine.cluster import cluster_cpus
-from moe_dag.data.engine.shards import upstream_inputs
-from moe_dag.data.engine.stages import DedupWork, SignatureWork
-from moe_dag.data.lake import Lake
-from moe_dag.data.tasks import map_tasks
-from moe_dag.orchestration.resources import PipelineResource, RayResource
+from moe_dag.curation.dedup.partitioned import CLUSTERS_STAGE, recorded_versions
+from moe_dag.curation.dedup.report import DuplicateReport
+from moe_dag.curation.work import DedupWork, SignatureWork
+from moe_dag.engine import StageSpec
+from moe_dag.engine.cluster import cluster_cpus
+from moe_dag.engine.shards import upstream_inputs
+from moe_dag.engine.tasks import map_tasks
+from moe_dag.operations.plots import bars_png, png_markdown
+from moe_dag.storage.lake import Lake
 
 VERSIONS = "cluster_versions"  # dedup_clusters metadata: {source: version}
 

@@ -4,7 +4,7 @@
 training must never see (the sample, its exact copies, its dedup cluster mates); the tokenizer, the
 curated mixture, the unfiltered baseline and the mixture search all leave those out. `evaluation_sets`
 tokenises the neutral set and the config's user sets, one folder each, for the trainer's `--eval-on`,
-and lists their documents for the catalog (`evaluation_documents`). See moe_dag/data/mixture/neutral.py.
+and lists their documents for the catalog (`evaluation_documents`). See moe_dag/mixture/neutral.py.
 
 A new shard adds its own neutral documents (membership is per id) and so a new `neutral_documents`;
 `evaluation_sets` follows it, as the mixture does, only when the mixture's refresh policy says the
@@ -20,7 +20,8 @@ import pyarrow.compute as pc
 
 from moe_dag.assets.mixture import REMIX, TOKENIZER_FILE
 from moe_dag.assets.operating import operated
-from moe_dag.data.mixture.neutral import (
+from moe_dag.assets.resources import PipelineResource, RayResource
+from moe_dag.mixture.neutral import (
     NEUTRAL_SET,
     NEUTRAL_STAGE,
     read_user_set,
@@ -28,8 +29,7 @@ from moe_dag.data.mixture.neutral import (
     write_evaluation_set,
     write_exclusions,
 )
-from moe_dag.data.tokenizer import eos_id, load_tokenizer
-from moe_dag.orchestration.resources import PipelineResource, RayResource
+from moe_dag.mixture.tokenizer import eos_id, load_tokenizer
 
 SET_DOCUMENTS_STAGE = "evaluation_documents"
 

@@ -5,13 +5,13 @@ import time
 
 import dagster as dg
 
-from moe_dag.assets.bounds import head_agreement_violations
 from moe_dag.assets.operating import operated
-from moe_dag.assets.plots import bars_png, png_markdown, scatter_png
 from moe_dag.assets.reporting import problems_result
-from moe_dag.data.oracle import rubric_for_kind
-from moe_dag.data.quality_heads import distil_heads, labelled_documents
-from moe_dag.orchestration.resources import PipelineResource
+from moe_dag.assets.resources import PipelineResource
+from moe_dag.operations.bounds import head_agreement_violations
+from moe_dag.operations.plots import bars_png, png_markdown, scatter_png
+from moe_dag.quality.build_heads import distil_heads, labelled_documents
+from moe_dag.quality.oracle import rubric_for_kind
 
 AGREES_WITH_ORACLE = "agrees_with_oracle"
 

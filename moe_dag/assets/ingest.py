@@ -5,13 +5,13 @@ import dagster as dg
 from moe_dag.assets.operating import operated
 from moe_dag.assets.partitions import PER_SOURCE
 from moe_dag.assets.reporting import RECONCILES, engine_metadata, problems_result, reconcile_check_spec
+from moe_dag.assets.resources import PipelineResource, RayResource
 from moe_dag.config import PipelineConfig
-from moe_dag.data.counts import unreconciled_shards
-from moe_dag.data.engine.shards import digest_text, output_digest
-from moe_dag.data.ingest import ingest_source
-from moe_dag.data.lake import Lake
-from moe_dag.data.shard_ledger import LedgerChanges, ShardLedger, ledger_path, shards_read
-from moe_dag.orchestration.resources import PipelineResource, RayResource
+from moe_dag.curation.counts import unreconciled_shards
+from moe_dag.curation.ingest import ingest_source
+from moe_dag.engine.shard_ledger import LedgerChanges, ShardLedger, ledger_path, shards_read
+from moe_dag.engine.shards import digest_text, output_digest
+from moe_dag.storage.lake import Lake
 
 LINES_IN_SHARDS = "lines_in_shards"
 

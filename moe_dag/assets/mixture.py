@@ -1,19 +1,19 @@
 """tokenizer and tokenized_mixture: a BPE tokenizer on the kept training documents, then packed token
-sequences and the held-out documents. The work is moe_dag/data/mixture/curated.py; these assets wire it
+sequences and the held-out documents. The work is moe_dag/mixture/curated.py; these assets wire it
 to Dagster (resources, metadata, checks).
 """
 
 import dagster as dg
 
-from moe_dag.assets.bounds import share_error_violations, untrained_sources
 from moe_dag.assets.operating import operated
-from moe_dag.assets.plots import bars_png, png_markdown
-from moe_dag.assets.refresh import Refresh
 from moe_dag.assets.reporting import problems_result
-from moe_dag.data.mixture.curated import TOKENS_STAGE as TOKENS_STAGE  # the mixture search reads them
-from moe_dag.data.mixture.curated import build_curated_mixture, train_curated_tokenizer
-from moe_dag.data.tokenizer import TOKENIZER_FILE as TOKENIZER_FILE  # the tokenizer's file in its folder
-from moe_dag.orchestration.resources import PipelineResource, RayResource
+from moe_dag.assets.resources import PipelineResource, RayResource
+from moe_dag.mixture.curated import TOKENS_STAGE as TOKENS_STAGE  # the mixture search reads them
+from moe_dag.mixture.curated import build_curated_mixture, train_curated_tokenizer
+from moe_dag.mixture.tokenizer import TOKENIZER_FILE as TOKENIZER_FILE  # the tokenizer's file in its folder
+from moe_dag.operations.bounds import share_error_violations, untrained_sources
+from moe_dag.operations.plots import bars_png, png_markdown
+from moe_dag.operations.refresh import Refresh
 
 WEIGHTED_SOURCES_TRAINED = "weighted_sources_trained"
 # The mixture follows new scored documents when some source's kept documents moved past a share.

@@ -1,6 +1,6 @@
 """The mixture search as its own asset group and job (`moe-dag search-mixture`; never part of `moe-dag
 run`): a swarm of small proxies, one per candidate mixture, a regression from weights to neutral-set
-bits per byte, the proposed mixture and a proxy that validates it. See moe_dag/data/mixture/search.py.
+bits per byte, the proposed mixture and a proxy that validates it. See moe_dag/mixture/search.py.
 
 - `mixture_candidates`: N mixtures sampled around the configured weights within the epoch caps, plus
   the configured mixture itself; each becomes a dynamic partition of `candidate_proxy`.
@@ -27,12 +27,12 @@ import pyarrow.parquet as pq
 from moe_dag.assets.evaluation import evaluation_set_dirs
 from moe_dag.assets.mixture import TOKENIZER_FILE, TOKENS_STAGE
 from moe_dag.assets.operating import operated
-from moe_dag.assets.plots import bars_png, png_markdown, scatter_png
+from moe_dag.assets.resources import PipelineResource
 from moe_dag.assets.training_runs import launch_training, run_dir_for
 from moe_dag.config import TrainingLaunchConfig
-from moe_dag.data.mixture import SourceTokens, TokenShard
-from moe_dag.data.mixture.neutral import NEUTRAL_SET
-from moe_dag.data.mixture.search import (
+from moe_dag.mixture import SourceTokens, TokenShard
+from moe_dag.mixture.neutral import NEUTRAL_SET
+from moe_dag.mixture.search import (
     AVERAGE,
     config_snippet,
     fit_regressions,
@@ -43,8 +43,8 @@ from moe_dag.data.mixture.search import (
     sample_candidates,
     shares_of,
 )
-from moe_dag.data.tokenizer import eos_id, load_tokenizer
-from moe_dag.orchestration.resources import PipelineResource
+from moe_dag.mixture.tokenizer import eos_id, load_tokenizer
+from moe_dag.operations.plots import bars_png, png_markdown, scatter_png
 from moe_dag.training.compare import average_bits_per_byte, gain_of_replicas, mean_document_losses
 from moe_dag.training.evaluate import EVAL_DOCUMENTS_FILE, EVAL_FILE
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import dagster as dg
 
-from moe_dag.assets.refresh import Refresh
+from moe_dag.operations.refresh import Refresh
 
 STAGE_VERSION = "moe_dag/stage_version"
 CONFIG_READS = "moe_dag/config_reads"
@@ -37,7 +37,7 @@ def operated(
 ) -> dict[str, Any]:
     """Asset metadata: stage `version`, the `config_reads` paths, what starts it (`automation`, or the
     name of the sensor that does), and for an on-demand asset the policy that says when new upstream
-    data is enough to run it again (`moe_dag/assets/refresh.py`)."""
+    data is enough to run it again (`moe_dag/operations/refresh.py`)."""
     declared = {STAGE_VERSION: str(version), CONFIG_READS: list(config_reads), STARTED_BY: started_by}
     return declared | ({REFRESH: dataclasses.asdict(refresh)} if refresh else {})
 

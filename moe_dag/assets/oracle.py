@@ -6,10 +6,10 @@ import dagster as dg
 import pyarrow as pa
 
 from moe_dag.assets.operating import operated
-from moe_dag.assets.refresh import Refresh
-from moe_dag.data.heads import calibration_sample_size
-from moe_dag.data.oracle import LabelCache, label_documents, requests_from_table, sample_slice
-from moe_dag.orchestration.resources import PipelineResource
+from moe_dag.assets.resources import PipelineResource
+from moe_dag.operations.refresh import Refresh
+from moe_dag.quality.heads import calibration_sample_size
+from moe_dag.quality.oracle import LabelCache, label_documents, requests_from_table, sample_slice
 
 FAILURE_RATE = "failure_rate_within_bound"
 

@@ -7,10 +7,9 @@ import dagster as dg
 from moe_dag.assets.operating import operated
 from moe_dag.assets.partitions import PER_SOURCE
 from moe_dag.assets.reporting import DROP_SHARE, decision_check_specs, decision_result, run_source_stage
-from moe_dag.data.engine import StageSpec
-from moe_dag.data.engine.stages import FilterWork
-from moe_dag.data.filters import build_prefilters
-from moe_dag.data.fits import (
+from moe_dag.assets.resources import PipelineResource, RayResource
+from moe_dag.curation.filters import build_prefilters
+from moe_dag.curation.fits import (
     DecisionsBefore,
     fit_source_in_tasks,
     load_fit,
@@ -18,7 +17,8 @@ from moe_dag.data.fits import (
     store_fit,
     with_fit,
 )
-from moe_dag.orchestration.resources import PipelineResource, RayResource
+from moe_dag.curation.work import FilterWork
+from moe_dag.engine import StageSpec
 
 
 @dg.asset(

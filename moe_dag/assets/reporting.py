@@ -14,17 +14,16 @@ from __future__ import annotations
 
 import dagster as dg
 
-from moe_dag.assets.bounds import (
+from moe_dag.assets.resources import PipelineResource, RayResource
+from moe_dag.curation.counts import language_counts, slice_counts
+from moe_dag.engine import StageRun, StageSpec, upstream_inputs
+from moe_dag.operations.bounds import (
     ChecksConfig,
     drop_share_violations,
     duplicate_share_violation,
     emptied_source,
     lost_languages,
-    reason_settings,
 )
-from moe_dag.data.counts import language_counts, slice_counts
-from moe_dag.data.engine import StageRun, StageSpec, upstream_inputs
-from moe_dag.orchestration.resources import PipelineResource, RayResource
 
 RECONCILES = "rows_reconcile"
 NOT_EMPTIED = "source_not_emptied"
@@ -142,7 +141,7 @@ def decision_result(
             f"rows_of_{upstream}": upstream_rows,
         },
     )
-    settings = reason_settings(run.stage, pipeline.config, source)
+    settings = pipeline.config.reason_settings(run.stage, source)
     emptied = emptied_source(run.stage, source, reasons, rows_in, kept, settings)
     if emptied:
         context.log.warning(emptied)

@@ -15,10 +15,10 @@ import dagster as dg
 from moe_dag.assets.operating import FOLLOW_UPSTREAM, operated
 from moe_dag.assets.partitions import PER_SOURCE
 from moe_dag.assets.reporting import decision_check_specs, decision_result, run_source_stage
-from moe_dag.data.engine import StageSpec
-from moe_dag.data.engine.stages import ScoringWork
-from moe_dag.data.heads import load_heads
-from moe_dag.orchestration.resources import PipelineResource, RayResource
+from moe_dag.assets.resources import PipelineResource, RayResource
+from moe_dag.engine import StageSpec
+from moe_dag.quality.heads import load_heads
+from moe_dag.quality.work import ScoringWork
 
 KEEP_RATE = "keep_rate_on_target"
 

@@ -7,6 +7,7 @@ import pyarrow as pa
 
 from moe_dag.assets.evaluation import SET_DOCUMENTS_STAGE, evaluation_set_dirs
 from moe_dag.assets.operating import operated
+from moe_dag.assets.resources import PipelineResource
 from moe_dag.assets.training_runs import (
     TRAINING_CHECK_READS,
     bits_per_byte_plot,
@@ -20,7 +21,6 @@ from moe_dag.assets.training_runs import (
     training_check_results,
     training_check_specs,
 )
-from moe_dag.orchestration.resources import PipelineResource
 from moe_dag.training.eval_sets import evaluate_on_sets
 from moe_dag.training.evaluate import resolve_device
 

@@ -20,12 +20,12 @@ from typing import Any
 import dagster as dg
 import numpy as np
 
-from moe_dag.assets.bounds import ChecksConfig, loss_trend, router_violations
-from moe_dag.assets.plots import bars_png, png_markdown
+from moe_dag.assets.dagster_internals import DagsterPipesExecutionError
 from moe_dag.assets.reporting import problems_result
 from moe_dag.config import TrainingLaunchConfig
-from moe_dag.data.atomic import atomic_write
-from moe_dag.orchestration.dagster_internals import DagsterPipesExecutionError
+from moe_dag.operations.bounds import ChecksConfig, loss_trend, router_violations
+from moe_dag.operations.plots import bars_png, png_markdown
+from moe_dag.storage.atomic import atomic_write
 from moe_dag.training.data import DATA_ORDER
 from moe_dag.training.evaluate import EVAL_FILE
 from moe_dag.training.lifeline import launcher_env

@@ -97,7 +97,7 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def write_demo_corpus(config_path: str) -> None:
-    from moe_dag.data.demo_corpus import build_demo_corpus
+    from moe_dag.curation.demo_corpus import build_demo_corpus
 
     config = load_config(config_path)
     if config.demo_corpus is None:
@@ -114,8 +114,8 @@ def write_demo_corpus(config_path: str) -> None:
 def print_query(config_path: str, sql: str, limit: int | None = None, output: str = "table") -> int:
     """Print the query's rows; a query that cannot run prints one line on stderr and returns 2."""
     from moe_dag.cli.query_output import write_rows
-    from moe_dag.data.catalog import Catalog, CatalogError
-    from moe_dag.data.lake import Lake
+    from moe_dag.storage.catalog import Catalog, CatalogError
+    from moe_dag.storage.lake import Lake
 
     config = load_config(config_path)
     try:
@@ -132,9 +132,9 @@ def print_query(config_path: str, sql: str, limit: int | None = None, output: st
 def print_refit_changes(config_path: str, source_name: str) -> int:
     """Fit the source's cuts afresh on its shards now and print the stored decisions that would change,
     per reason and in a parquet file of ids beside the fits; nothing the pipeline reads is written."""
-    from moe_dag.data.filters import build_prefilters
-    from moe_dag.data.fits import change_counts, fit_source, load_fit, refit_changes, with_fit
-    from moe_dag.data.lake import Lake
+    from moe_dag.curation.filters import build_prefilters
+    from moe_dag.curation.fits import change_counts, fit_source, load_fit, refit_changes, with_fit
+    from moe_dag.storage.lake import Lake
 
     config = load_config(config_path)
     if source_name not in config.source_names:

@@ -7,8 +7,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from moe_dag.config import PipelineConfig
-from moe_dag.data.catalog import FUNNEL_STAGES, Catalog, CatalogError
-from moe_dag.data.lake import Lake
+from moe_dag.storage.catalog import FUNNEL_STAGES, Catalog, CatalogError
+from moe_dag.storage.lake import Lake
 
 
 def format_summary(config: PipelineConfig) -> str:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import dagster as dg
 
-from moe_dag.orchestration.dagster_internals import latest_check_evaluations
+from moe_dag.assets.dagster_internals import latest_check_evaluations
 
 SHOWN_CHARS = 300  # per metadata value in a console line: enough for the figures, not a whole table
 

@@ -26,11 +26,11 @@ from moe_dag.assets import (
     training,
 )
 from moe_dag.assets.partitions import bind_source_partitions
+from moe_dag.assets.resources import PipelineResource, RayResource
 from moe_dag.config import PipelineConfig, config_path_from_env, load_config
 from moe_dag.orchestration.automation import automation_sensor, run_tags, with_operating_attributes
 from moe_dag.orchestration.instance_health import free_dead_runs, unstick_daemonless_command
 from moe_dag.orchestration.new_shards import new_shards_sensor
-from moe_dag.orchestration.resources import PipelineResource, RayResource
 
 ASSET_MODULES = [
     ingest,

@@ -20,17 +20,15 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import dagster as dg
 
-from moe_dag.orchestration.dagster_internals import launches_local_processes
+from moe_dag.assets.dagster_internals import launches_local_processes
+from moe_dag.assets.run_identity import RUN_HOST_TAG, pid_namespace
 
-RUN_HOST_TAG = "moe_dag/pid_namespace"
-SEVERAL_HOSTS = "several"
 # /proc gives a process's start to the clock tick and the boot time to the second.
 START_SLACK_S = 2.0
 
@@ -115,26 +113,6 @@ def runs_seen_elsewhere(instance: dg.DagsterInstance) -> list[str]:
         for run in instance.get_runs(dg.RunsFilter(statuses=ACTIVE_STATUSES))
         if run.tags.get(RUN_HOST_TAG) != here
     ]
-
-
-def record_run_host(instance: dg.DagsterInstance, run_id: str) -> None:
-    """Tag the run with this process's host and PID namespace, where its pids mean something."""
-    run = instance.get_run_by_id(run_id)
-    if run is None:
-        return
-    here, recorded = pid_namespace(), run.tags.get(RUN_HOST_TAG)
-    if recorded != here:
-        instance.add_run_tags(run_id, {RUN_HOST_TAG: here if recorded is None else SEVERAL_HOSTS})
-
-
-def pid_namespace() -> str:
-    """This host, its boot and this process's PID namespace: a pid names the same process only within."""
-    try:
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-        namespace = os.readlink("/proc/self/ns/pid")
-    except OSError:  # no /proc (not Linux): the host name is all there is
-        return socket.gethostname()
-    return f"{socket.gethostname()} boot {boot} {namespace}"
 
 
 def pool_holders(instance: dg.DagsterInstance, pools: set[str]) -> list[PoolHolder]:

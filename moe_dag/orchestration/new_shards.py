@@ -16,7 +16,7 @@ import hashlib
 import dagster as dg
 
 from moe_dag.config import PipelineConfig, SourceConfig
-from moe_dag.data.shard_ledger import LedgerChanges, ShardFile, ShardLedger, ledger_path, scan_shards
+from moe_dag.engine.shard_ledger import LedgerChanges, ShardFile, ShardLedger, ledger_path, scan_shards
 from moe_dag.orchestration.automation import TAG_NEW_SHARDS, run_tags, shards_tag
 
 

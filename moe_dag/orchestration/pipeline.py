@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 import dagster as dg
 
+from moe_dag.assets.dagster_internals import DagsterAssetCheckFailedError
 from moe_dag.orchestration.automation import run_tags, source_config_tags
 from moe_dag.orchestration.check_holds import CheckHolds, FailedCheck, HeldByCheck
-from moe_dag.orchestration.dagster_internals import DagsterAssetCheckFailedError
 from moe_dag.orchestration.definitions import build_definitions
 from moe_dag.orchestration.instance_health import free_dead_runs, pool_holders
 from moe_dag.orchestration.staleness import Staleness
@@ -103,7 +103,7 @@ def materialize_all(
     with `force`, the per-source stages of those sources are redone and the global ones run when stale.
     `comparisons` overrides the config's `comparisons` (whether the baselines train). `refresh` runs the
     on-demand stages (labels and heads, mixture and training) on any new data, not only as their refresh
-    policy says (`moe_dag/assets/refresh.py`).
+    policy says (`moe_dag/operations/refresh.py`).
 
     Staleness needs the instance's history: without `instance`, one ephemeral instance serves the call."""
     definitions = build_definitions(config_path)

@@ -15,19 +15,19 @@ import json
 
 import dagster as dg
 
+from moe_dag.assets.dagster_internals import StaleStatus, stale_status_resolver
 from moe_dag.assets.dedup import VERSIONS
 from moe_dag.assets.operating import operation
-from moe_dag.assets.refresh import Refresh, moved_sources
 from moe_dag.config import PipelineConfig
-from moe_dag.data.dedup import CLUSTER_VERSION
-from moe_dag.data.shard_ledger import LedgerChanges, ShardLedger, ledger_path, scan_shards
+from moe_dag.curation.dedup import CLUSTER_VERSION
+from moe_dag.engine.shard_ledger import LedgerChanges, ShardLedger, ledger_path, scan_shards
+from moe_dag.operations.refresh import Refresh, moved_sources
 from moe_dag.orchestration.automation import (
     TAG_POPULATION,
     TAG_SOURCE_CONFIG,
     config_value,
     source_config_version,
 )
-from moe_dag.orchestration.dagster_internals import StaleStatus, stale_status_resolver
 
 
 class Staleness:
@@ -64,7 +64,7 @@ class Staleness:
 
     def _by_policy(self, key: dg.AssetKey, causes: list) -> str | None:
         """Why a stale asset needs a run; None for an on-demand asset stale only through new upstream
-        data that its refresh policy does not find enough (`moe_dag/assets/refresh.py`)."""
+        data that its refresh policy does not find enough (`moe_dag/operations/refresh.py`)."""
         stale = "stale: " + "; ".join(sorted({_describe(cause) for cause in causes}))
         refresh = operation(self.specs[key]).refresh
         if refresh is None or self.refresh or any(cause.category.value != "DATA" for cause in causes):

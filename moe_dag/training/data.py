@@ -1,6 +1,6 @@
 """Reads the tokenized mixture that the data room writes, and serves training batches in its order.
 
-The contract (written by `moe_dag.data.mixture.build`), under one data directory:
+The contract (written by `moe_dag.mixture.build`), under one data directory:
 
 - `mixture.json`: at least `seq_len`, `vocab_size`, `eos_id`, `num_sequences`; `source_columns` (the
   source names, in the column order of `train_source_tokens.npy`) when that file is present; optionally

@@ -1,7 +1,7 @@
 """A trained run scored on named evaluation sets, at its newest checkpoints.
 
 `evaluate_on_sets` scores each of the run's newest `checkpoints` checkpoints on each set (a folder with
-`heldout.parquet` and `mixture.json`, as the mixture build and moe_dag/data/mixture/neutral.py write
+`heldout.parquet` and `mixture.json`, as the mixture build and moe_dag/mixture/neutral.py write
 them) and leaves, per (set, step), `eval.json` and `eval_documents.parquet` under
 `<run>/eval_sets/<set>/step_<N>/`. A score is reused while the set's documents are unchanged (a digest
 of its `heldout.parquet` is kept beside it), so a rerun evaluates only what is new. Two checkpoints

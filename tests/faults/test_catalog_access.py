@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from moe_dag.cli import main as cli
-from moe_dag.data.catalog import Catalog, CatalogError
-from moe_dag.data.lake import Lake
+from moe_dag.storage.catalog import Catalog, CatalogError
+from moe_dag.storage.lake import Lake
 
 
 def make_catalog(root: Path, rows: int = 3) -> Catalog:

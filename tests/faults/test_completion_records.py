@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
-from moe_dag.data.counts import slice_counts
-from moe_dag.data.ingest import ingest_source
-from moe_dag.data.lake import Lake
+from moe_dag.curation.counts import slice_counts
+from moe_dag.curation.ingest import ingest_source
+from moe_dag.storage.lake import Lake
 
 
 def _corpus(tmp_path):

@@ -120,8 +120,8 @@ def test_a_lake_root_with_glob_characters_reads_its_own_rows(tmp_path):
     """`[1]` in a path is a character class to a glob: unescaped, every lake glob matched nothing."""
     import pyarrow as pa
 
-    from moe_dag.data.catalog import Catalog
-    from moe_dag.data.lake import Lake
+    from moe_dag.storage.catalog import Catalog
+    from moe_dag.storage.lake import Lake
 
     lake = Lake(tmp_path / "run[1]*?" / "lake")
     for source in ("web", "code"):

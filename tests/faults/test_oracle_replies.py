@@ -8,8 +8,7 @@ import json
 
 import pytest
 
-from moe_dag.data.lake import Lake
-from moe_dag.data.oracle import (
+from moe_dag.quality.oracle import (
     LabelCache,
     LabellingConfig,
     LabelRequest,
@@ -18,6 +17,7 @@ from moe_dag.data.oracle import (
     label_documents,
     redact,
 )
+from moe_dag.storage.lake import Lake
 from tests.oracle_server import OracleServer, Reply, completion, document_of, scores_reply
 
 SCORES = {"helpfulness": 3, "correctness": 4, "coherence": 4, "complexity": 2, "verbosity": 2}

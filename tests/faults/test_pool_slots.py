@@ -32,7 +32,7 @@ RUN_SCRIPT = textwrap.dedent(
     """
     import sys, time
     import dagster as dg
-    from moe_dag.orchestration.resources import PipelineResource
+    from moe_dag.assets.resources import PipelineResource
 
     marker, seconds = sys.argv[1], float(sys.argv[2])
 

@@ -8,8 +8,8 @@ import pyarrow as pa
 import pytest
 
 from moe_dag.cli import main as cli
-from moe_dag.data.catalog import Catalog, CatalogError
-from moe_dag.data.lake import Lake
+from moe_dag.storage.catalog import Catalog, CatalogError
+from moe_dag.storage.lake import Lake
 from tests.faults.test_catalog_access import write_config
 
 # Each writes, installs, attaches or reconfigures; {lake} and {tmp} are filled in per test.

@@ -15,8 +15,9 @@ import time
 import dagster as dg
 import pytest
 
+from moe_dag.assets.run_identity import RUN_HOST_TAG, pid_namespace
 from moe_dag.orchestration import instance_health
-from moe_dag.orchestration.instance_health import RUN_HOST_TAG, free_dead_runs, pid_namespace, pool_holders
+from moe_dag.orchestration.instance_health import free_dead_runs, pool_holders
 from tests.faults.test_pool_slots import home, start_run  # noqa: F401 - `home` is a fixture
 
 pytestmark = pytest.mark.slow  # real processes, killed

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import zstandard
 
-from moe_dag.data.counts import count_shard_lines, unreconciled_shards
-from moe_dag.data.engine import stages
-from moe_dag.data.ingest import ingest_source
-from moe_dag.data.lake import Lake
-from moe_dag.data.readers import read_shard
-from moe_dag.data.shard_ledger import ShardLedger, scan_shards, shards_read
+from moe_dag.curation import work
+from moe_dag.curation.counts import count_shard_lines, unreconciled_shards
+from moe_dag.curation.ingest import ingest_source
+from moe_dag.engine.shard_ledger import ShardLedger, scan_shards, shards_read
+from moe_dag.storage.lake import Lake
+from moe_dag.storage.readers import read_shard
 
 
 def _lines(count: int, start: int = 0) -> str:
@@ -27,7 +27,7 @@ def test_a_shard_replaced_while_it_is_ingested_is_ingested_again(tmp_path, monke
     corpus.mkdir()
     shard = corpus / "a.jsonl"
     shard.write_text(_lines(300))
-    real_reader = stages.read_shard_batches
+    real_reader = work.read_shard_batches
 
     def replaced_after_the_first_batch(path, source, batch_rows=100):
         for number, piece in enumerate(real_reader(path, source, batch_rows=100)):
@@ -36,7 +36,7 @@ def test_a_shard_replaced_while_it_is_ingested_is_ingested_again(tmp_path, monke
                 os.replace(corpus / "a.jsonl.new", shard)
             yield piece
 
-    monkeypatch.setattr(stages, "read_shard_batches", replaced_after_the_first_batch)
+    monkeypatch.setattr(work, "read_shard_batches", replaced_after_the_first_batch)
     lake, ledger = Lake(tmp_path / "lake"), ShardLedger(tmp_path / "ledger.duckdb")
     run = ingest_source(lake, "web", str(corpus), workers=0)
     assert run.counts["kept"] == 300
@@ -44,7 +44,7 @@ def test_a_shard_replaced_while_it_is_ingested_is_ingested_again(tmp_path, monke
 
     changes = ledger.changes("web", scan_shards(str(corpus)))
     assert [shard.path for shard in changes.changed] == [str(shard)]  # the sensor and `moe-dag run` see it
-    monkeypatch.setattr(stages, "read_shard_batches", real_reader)
+    monkeypatch.setattr(work, "read_shard_batches", real_reader)
     again = ingest_source(lake, "web", str(corpus), workers=0)
     assert again.counts["kept"] == 400
     ledger.record("web", shards_read(again.records), "run-2")

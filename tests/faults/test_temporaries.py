@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
-from moe_dag.data.catalog import LAKE_STAGES, Catalog
-from moe_dag.data.ingest import ingest_source
-from moe_dag.data.lake import Lake
-from moe_dag.data.oracle import LabelCache, LabellingConfig, LabelRequest, RuleBasedOracle, label_documents
+from moe_dag.curation.ingest import ingest_source
+from moe_dag.quality.oracle import LabelCache, LabellingConfig, LabelRequest, RuleBasedOracle, label_documents
+from moe_dag.storage.catalog import LAKE_STAGES, Catalog
+from moe_dag.storage.lake import Lake
 from moe_dag.training.trainer import train
 from tests.test_trainer import SEQ_LEN, fast_config, write_mixture
 
@@ -63,8 +63,8 @@ def test_a_label_cache_batch_killed_mid_write_breaks_no_reader_and_is_removed(tm
     label_documents(_requests(3), RuleBasedOracle(), LabelCache(lake), LabellingConfig())
     _killed_while_writing(
         f"""
-        from moe_dag.data.lake import Lake
-        from moe_dag.data.oracle import (
+        from moe_dag.storage.lake import Lake
+        from moe_dag.quality.oracle import (
             LabelCache, LabellingConfig, LabelRequest, RuleBasedOracle, label_documents,
         )
         requests = [LabelRequest(id=f"e{{i}}", text=f"other text {{i}}", source="web", rubric="general")
@@ -92,8 +92,8 @@ def test_a_stage_shard_killed_mid_write_breaks_no_reader_and_is_removed(tmp_path
         (corpus / f"{shard}.jsonl").write_text(json.dumps({"id": shard, "text": words}) + "\n")
     _killed_while_writing(
         f"""
-        from moe_dag.data.ingest import ingest_source
-        from moe_dag.data.lake import Lake
+        from moe_dag.curation.ingest import ingest_source
+        from moe_dag.storage.lake import Lake
         ingest_source(Lake({str(lake.url)!r}), "web", {str(corpus)!r}, workers=0)
         """
     )

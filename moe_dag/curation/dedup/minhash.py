@@ -1,0 +1,150 @@
+"""MinHash signatures for near-duplicate detection (Broder 1997), the first of the dedup stages.
+
+Stages, each an Arrow table or parquet files you can inspect: `compute_signatures` (this module, one
+batch at a time, per shard) -> `find_duplicate_clusters` (clusters.py, over the signature files of
+every source) -> `apply_dedup` (per source).
+
+The maths. A document becomes the set S of hashes of its word 5-grams (shingles.py). For a random
+permutation h, P[min h(S1) = min h(S2)] = |S1 & S2| / |S1 | S2| = J, the Jaccard similarity. A
+signature holds K = b * r such minima under independent permutations, so the fraction of equal
+positions estimates J with standard error sqrt(J (1 - J) / K) (0.038 at J = 0.8, K = 112).
+
+Locality-sensitive hashing splits the K rows into b bands of r rows. Two documents become a candidate
+pair when all r rows of at least one band agree:
+    P(candidate | J = s) = 1 - (1 - s^r)^b
+With b = 14 bands of r = 8 rows this S-curve crosses 0.5 at s = (1 - 0.5^(1/b))^(1/r) = 0.68 and gives
+    s = 0.5 -> 0.053,  s = 0.7 -> 0.56,  s = 0.8 -> 0.92,  s = 0.9 -> 0.9996,
+so pairs above the 0.8 verification threshold are found 92% to 100% of the time while pairs below 0.5
+rarely cost a comparison. Candidates are then verified on the estimated J of the whole signature (or,
+as an option, on the exact J of the stored shingle sets) before they join a cluster.
+
+The permutations: rensa's R-MinHash, h_k(x) = (a_k x + b_k) >> 32 over 64-bit shingle hashes x with
+(a_k, b_k) drawn from the seed, in Rust with SIMD. `benchmarks/dedup.py` measured it against the same
+permutations written in numpy (multiply, add, shift, column minimum) and against rensa's own
+text-to-signature path: the shingling here is vectorised over the batch, the permutations are rensa's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import rensa
+from tqdm.auto import tqdm
+
+from moe_dag.curation.dedup.shingles import MAX_NGRAM_SIZE, shingle_hashes
+
+# Texts hashed together in one vectorised pass; keeps the pass's arrays in cache-sized pieces.
+_BYTES_PER_BATCH = 1 << 21
+
+SIGNATURE_SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("content_hash", pa.string(), nullable=False),
+        pa.field("signature", pa.list_(pa.uint32()), nullable=False),
+    ]
+)
+# With `verification: exact`, the distinct shingle hashes too (sorted), for exact Jaccard.
+SHINGLES_FIELD = pa.field("shingles", pa.list_(pa.uint64()), nullable=False)
+
+
+@dataclass(kw_only=True)
+class MinHashConfig:
+    num_bands: int = 14
+    rows_per_band: int = 8
+    ngram_size: int = 5
+    seed: int = 1
+    jaccard_threshold: float = 0.8
+    # How a candidate pair is verified: "estimated" Jaccard from the full signature (the default: the
+    # global step reads signatures only), or "exact" Jaccard of the shingle sets, which the signature
+    # files then carry (about 8 bytes per word: for small corpora and tests).
+    verification: Literal["estimated", "exact"] = "estimated"
+
+    def __post_init__(self) -> None:
+        for name in ("num_bands", "rows_per_band", "ngram_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"MinHashConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.ngram_size > MAX_NGRAM_SIZE:
+            raise ValueError(f"MinHashConfig.ngram_size must be <= {MAX_NGRAM_SIZE}, got {self.ngram_size}")
+        if not 0.0 < self.jaccard_threshold <= 1.0:
+            raise ValueError(
+                f"MinHashConfig.jaccard_threshold must lie in (0, 1], got {self.jaccard_threshold}"
+            )
+        if self.verification not in ("estimated", "exact"):
+            raise ValueError(
+                f"MinHashConfig.verification must be 'estimated' or 'exact', got {self.verification!r}"
+            )
+
+    @property
+    def num_hashes(self) -> int:
+        return self.num_bands * self.rows_per_band
+
+    def signature_schema(self) -> pa.Schema:
+        return SIGNATURE_SCHEMA.append(SHINGLES_FIELD) if self.verification == "exact" else SIGNATURE_SCHEMA
+
+
+def candidate_probability(similarity: float, num_bands: int, rows_per_band: int) -> float:
+    """P(two documents with Jaccard `similarity` share at least one band bucket) = 1 - (1 - s^r)^b."""
+    return 1.0 - (1.0 - similarity**rows_per_band) ** num_bands
+
+
+def compute_signatures(table: pa.Table, config: MinHashConfig) -> pa.Table:
+    """One row per document: id, source, content_hash (exact dedup) and its MinHash signature.
+
+    A pure function of each row: any split of the documents into batches, shards or workers gives the
+    same rows.
+    """
+    missing = {"id", "source", "text"} - set(table.column_names)
+    if missing:
+        raise ValueError(f"compute_signatures: the table lacks columns {sorted(missing)}")
+    batches = []
+    with tqdm(total=table.num_rows, desc="minhash", unit="doc", disable=None) as progress:
+        for start, stop in _batch_bounds(table["text"]):
+            batches.append(_signature_batch(table.slice(start, stop - start), config))
+            progress.update(stop - start)
+    return pa.concat_tables(batches) if batches else config.signature_schema().empty_table()
+
+
+def _batch_bounds(texts: pa.ChunkedArray) -> list[tuple[int, int]]:
+    """Consecutive row ranges of about `_BYTES_PER_BATCH` bytes of text each."""
+    lengths = pc.fill_null(pc.binary_length(texts), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    batch = (np.cumsum(lengths) - lengths) // _BYTES_PER_BATCH  # the batch where each text starts
+    bounds = np.concatenate([[0], np.flatnonzero(np.diff(batch)) + 1, [len(lengths)]])
+    return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True) if b > a]
+
+
+def _signature_batch(table: pa.Table, config: MinHashConfig) -> pa.Table:
+    shingles = shingle_hashes(table["text"], config.ngram_size)
+    digests = rensa.RMinHash.digest_matrix_from_flat_token_hashes(
+        shingles.hashes, shingles.offsets, config.num_hashes, config.seed
+    )
+    signatures = np.asarray(digests.to_rows(), dtype=np.uint32).reshape(table.num_rows, config.num_hashes)
+    columns = [
+        table["id"],
+        table["source"],
+        pa.array(shingles.content_hashes, pa.string()),
+        _list_array(signatures.reshape(-1), np.full(table.num_rows, config.num_hashes), pa.uint32()),
+    ]
+    if config.verification == "exact":
+        columns.append(_distinct_shingles(shingles.hashes, shingles.offsets))
+    return pa.table(columns, schema=config.signature_schema())
+
+
+def _distinct_shingles(hashes: np.ndarray, offsets: np.ndarray) -> pa.ListArray:
+    """Each document's distinct shingle hashes, sorted: sort by (document, hash), drop repeats."""
+    counts = np.diff(offsets.astype(np.int64))
+    doc = np.repeat(np.arange(len(counts)), counts)
+    order = np.lexsort((hashes, doc))
+    doc, hashes = doc[order], hashes[order]
+    first = np.ones(len(hashes), dtype=bool)
+    first[1:] = (doc[1:] != doc[:-1]) | (hashes[1:] != hashes[:-1])
+    return _list_array(hashes[first], np.bincount(doc[first], minlength=len(counts)), pa.uint64())
+
+
+def _list_array(values: np.ndarray, lengths: np.ndarray, value_type: pa.DataType) -> pa.ListArray:
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(values, value_type))

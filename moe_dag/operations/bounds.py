@@ -1,0 +1,311 @@
+"""The bounds the asset checks hold the pipeline to, and the plain functions that test them.
+
+Each function takes figures a stage already has (counts per reason, a metrics log, held-out F1) and
+returns what is out of bounds, as sentences that name the source, the reason and the figure, so the
+failed check says what went wrong without a query. The Dagster side (`moe_dag/assets/`) only wraps
+them into check results.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+from moe_dag.curation.filters import (
+    c4,
+    code,
+    fineweb,
+    gopher_quality,
+    gopher_repetition,
+    language,
+    perplexity,
+    size,
+    toxicity,
+)
+
+ANY_REASON = "default"  # the key of max_drop_share that bounds every reason not named
+DEFAULT_MAX_DROP_SHARE = 0.5  # for reasons not named, unless `default` says otherwise
+
+
+@dataclass(kw_only=True)
+class ChecksConfig:
+    # The share of a filter stage's input that one drop reason may take, by reason code; `default`
+    # bounds every reason not named (0.5 when absent). A rule that suddenly drops most of a source is
+    # a bug signal (a model that failed to load, a language list that does not match the source).
+    max_drop_share: dict[str, float] = field(default_factory=lambda: {ANY_REASON: DEFAULT_MAX_DROP_SHARE})
+    # Per source, reason codes whose bound differs from max_drop_share (a source known to be noisy).
+    max_drop_share_by_source: dict[str, dict[str, float]] = field(default_factory=dict)
+    # The share of a source's documents removed as duplicates. 0% where duplicates are expected, or
+    # most of a source, points at the dedup parameters or the clusters rather than at the data.
+    min_duplicate_share: float = 0.0
+    max_duplicate_share: float = 0.5
+    # Keep-decision F1 of each head against the oracle on the held-out labels (pooled over sources).
+    # Keeping at random scores about the keep rate (0.7 by default); inverted heads about 0.57.
+    min_head_f1: float = 0.6
+    # |achieved - target| share of training tokens allowed per source in the packed mixture.
+    max_share_error: float = 0.02
+    # Training: the mean loss of the last `loss_window_fraction` of steps must lie at least
+    # `min_loss_drop_fraction` (relative) below the mean of the first as many steps.
+    loss_window_fraction: float = 0.1
+    min_loss_drop_fraction: float = 0.01
+    # Router: max(load) / mean(load) per MoE layer at the last step (1.0 is perfect balance).
+    max_expert_load_over_mean: float = 2.0
+    # A language with at least this many documents at the input of a curation stage must keep one: a
+    # stage that drops all of them is blocked (a sentence rule that reads only Latin terminators, a
+    # language ID that does not know the language, an oracle that scores one script). Languages below
+    # it are too few to tell a broken rule from chance. 0 turns the check off.
+    min_language_documents: int = 20
+
+    def __post_init__(self) -> None:
+        shares = {f"max_drop_share.{reason}": share for reason, share in self.max_drop_share.items()}
+        for source, bounds in self.max_drop_share_by_source.items():
+            shares |= {
+                f"max_drop_share_by_source.{source}.{reason}": share for reason, share in bounds.items()
+            }
+        shares |= {
+            "min_duplicate_share": self.min_duplicate_share,
+            "max_duplicate_share": self.max_duplicate_share,
+        }
+        shares |= {"min_head_f1": self.min_head_f1, "max_share_error": self.max_share_error}
+        for where, share in shares.items():
+            if not 0.0 <= share <= 1.0:
+                raise ValueError(f"checks.{where} must lie between 0 and 1, got {share}")
+        if self.min_duplicate_share > self.max_duplicate_share:
+            raise ValueError(
+                f"checks.min_duplicate_share {self.min_duplicate_share} is above "
+                f"max_duplicate_share {self.max_duplicate_share}"
+            )
+        if not 0.0 < self.loss_window_fraction <= 0.5:
+            raise ValueError(
+                f"checks.loss_window_fraction must be in (0, 0.5], got {self.loss_window_fraction}"
+            )
+        if self.min_language_documents < 0:
+            raise ValueError(
+                f"checks.min_language_documents must not be negative, got {self.min_language_documents}"
+            )
+        if self.max_expert_load_over_mean < 1.0:
+            raise ValueError(
+                f"checks.max_expert_load_over_mean must be at least 1 (perfect balance), "
+                f"got {self.max_expert_load_over_mean}"
+            )
+
+    def drop_bound(self, source: str, reason: str) -> float:
+        own = self.max_drop_share_by_source.get(source, {})
+        default = own.get(ANY_REASON, self.max_drop_share.get(ANY_REASON, DEFAULT_MAX_DROP_SHARE))
+        return own.get(reason, self.max_drop_share.get(reason, default))
+
+
+# Where each stage's filter settings live in the pipeline config, and the filter modules whose
+# REASON_SETTINGS name, per reason code, the field of that section (or of the source) governing it.
+_STAGE_SETTINGS: dict[str, tuple[str, dict[str, ModuleType]]] = {
+    "prefiltered": (
+        "prefilter",
+        {
+            "size": size,
+            "language": language,
+            "gopher_repetition": gopher_repetition,
+            "gopher_quality": gopher_quality,
+            "c4": c4,
+            "fineweb": fineweb,
+            "code": code,
+            "perplexity": perplexity,
+        },
+    ),
+    "toxicity_filtered": ("toxicity", {"": toxicity}),
+}
+
+
+def reason_settings(stage: str, settings: Any, source_config: Any) -> dict[str, str]:
+    """Per reason code of `stage`, the config key that governs it and its value for a source, as
+    "prefilter.gopher_quality.min_words = 50 for source b"; reasons no setting governs are absent.
+    `settings`: the stage's config section as that source gets it; `source_config`: the source's."""
+    if stage not in _STAGE_SETTINGS:
+        return {}
+    section, families = _STAGE_SETTINGS[stage]
+    source = source_config.name
+    found = {}
+    for family, module in families.items():
+        for reason, path in module.REASON_SETTINGS.items():
+            if path is None:
+                continue
+            if path.startswith("sources."):
+                field_name = path.removeprefix("sources.")
+                value, key = getattr(source_config, field_name), f"sources[{source}].{field_name}"
+            else:
+                value = _setting(getattr(settings, family) if family else settings, path)
+                key = ".".join(part for part in (section, family, path) if part)
+            found[reason] = f"{key} = {value!r} for source {source}"
+    return found
+
+
+def _setting(config: Any, path: str) -> Any:
+    """The value at a dotted path of a config dataclass; a mapping's keys may be ints ("max_top.2")."""
+    for part in path.split("."):
+        if isinstance(config, Mapping):
+            config = config.get(int(part) if part.isdigit() else part)
+        else:
+            config = getattr(config, part)
+    return config
+
+
+def _governed(reason: str, settings: Mapping[str, str] | None) -> str:
+    return f" ({settings[reason]})" if settings and reason in settings else ""
+
+
+def drop_share_violations(
+    stage: str,
+    source: str,
+    reasons: Mapping[str, int],
+    rows_in: int,
+    config: ChecksConfig,
+    settings: Mapping[str, str] | None = None,
+) -> list[str]:
+    """One sentence per drop reason whose share of the stage's input is above its bound; `settings`
+    (`reason_settings`) names the config key that governs the reason, and its value."""
+    found = []
+    for reason, count in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])):
+        share, bound = count / rows_in if rows_in else 0.0, config.drop_bound(source, reason)
+        if share > bound:
+            found.append(
+                f"{stage}[{source}]: reason {reason!r}{_governed(reason, settings)} dropped {count} of "
+                f"{rows_in} documents ({share:.1%}), above its bound {bound:.1%} (checks.max_drop_share, "
+                f"or checks.max_drop_share_by_source.{source}.{reason})"
+            )
+    return found
+
+
+def emptied_source(
+    stage: str,
+    source: str,
+    reasons: Mapping[str, int],
+    rows_in: int,
+    kept: int,
+    settings: Mapping[str, str] | None = None,
+) -> str | None:
+    """A sentence naming the stage and the top reasons, each with the config key that governs it and
+    its value (`settings`, from `reason_settings`), when a source with input kept nothing, else None."""
+    if rows_in == 0 or kept > 0:
+        return None
+    top = sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))[:3]
+    named = (
+        ", ".join(f"{reason} {count}{_governed(reason, settings)}" for reason, count in top)
+        or "no reason recorded"
+    )
+    return (
+        f"source {source!r} lost every document at {stage} ({rows_in} in; top reasons: {named}). The "
+        f"pipeline stops here rather than train a mixture without it: loosen the rules that dropped it "
+        f"for this source (sources[{source}].prefilter or .languages for the prefilter, toxicity.* "
+        f"otherwise), or remove {source!r} from sources"
+    )
+
+
+def lost_languages(
+    stage: str, source: str, by_language: Mapping[str, tuple[int, int]], config: ChecksConfig
+) -> list[str]:
+    """One sentence per language that reached `stage` with at least checks.min_language_documents
+    documents and kept none; `by_language` maps a language to (documents in, documents kept)."""
+    floor = config.min_language_documents
+    if floor == 0:
+        return []
+    return [
+        f"{stage}[{source}]: language {language!r} lost all of its {rows_in} documents "
+        f"(checks.min_language_documents {floor}): look at the stage's drop reasons for it, e.g. "
+        f"SELECT reason, count(*) FROM {stage} WHERE language = '{language}' AND NOT keep GROUP BY reason"
+        for language, (rows_in, kept) in sorted(by_language.items())
+        if rows_in >= floor and kept == 0
+    ]
+
+
+def untrained_sources(shares: Mapping[str, Mapping[str, Any]], weights: Mapping[str, float]) -> list[str]:
+    """One sentence per source with a non-zero mixture weight that got no training tokens."""
+    return [
+        f"source {source!r} has mixture weight {weights[source]:g} but got no training tokens "
+        f"({figures['train_documents']} training and {figures['heldout_documents']} held-out documents): "
+        "its share went to the other sources. Lower mixture.heldout_max_share, or loosen the curation "
+        "rules that left it this small"
+        for source, figures in sorted(shares.items())
+        if weights.get(source, 0.0) > 0 and figures["tokens"] == 0
+    ]
+
+
+def duplicate_share_violation(source: str, rows_in: int, duplicates: int, config: ChecksConfig) -> str | None:
+    """A sentence when the share of `source` removed as duplicates lies outside the configured bounds."""
+    if rows_in == 0:
+        return None
+    share = duplicates / rows_in
+    low, high = config.min_duplicate_share, config.max_duplicate_share
+    if low <= share <= high:
+        return None
+    return (
+        f"deduplicated[{source}]: {duplicates} of {rows_in} documents removed as duplicates ({share:.1%}), "
+        f"outside [{low:.1%}, {high:.1%}] (checks.min_duplicate_share, checks.max_duplicate_share)"
+    )
+
+
+def head_agreement_violations(metrics: Mapping[str, float], config: ChecksConfig) -> list[str]:
+    """One sentence per head whose pooled held-out keep F1 against the oracle is under the floor."""
+    found = []
+    for head in ("probe", "judge"):
+        f1 = metrics.get(f"{head}_f1")
+        if f1 is None or not math.isfinite(f1) or f1 < config.min_head_f1:
+            found.append(
+                f"{head} head: keep-decision F1 vs the oracle {f1} on held-out labels, under "
+                f"checks.min_head_f1 {config.min_head_f1}"
+            )
+    return found
+
+
+def share_error_violations(shares: Mapping[str, Mapping[str, Any]], config: ChecksConfig) -> list[str]:
+    """One sentence per source whose achieved token share misses its target by more than the tolerance."""
+    found = []
+    for source, figures in sorted(shares.items()):
+        error = abs(figures["achieved_share"] - figures["target_share"])
+        if error > config.max_share_error:
+            found.append(
+                f"source {source!r}: achieved share {figures['achieved_share']:.4f} against target "
+                f"{figures['target_share']:.4f} (error {error:.4f} > checks.max_share_error "
+                f"{config.max_share_error})"
+            )
+    return found
+
+
+def loss_trend(losses: Sequence[float], config: ChecksConfig) -> tuple[list[str], dict[str, float]]:
+    """Whether the training loss is finite and falling: (problems, figures).
+
+    Falling: the mean of the last window of steps lies `min_loss_drop_fraction` (relative) below the
+    mean of the first window, each window `loss_window_fraction` of the steps (at least one step)."""
+    if not losses:
+        return ["the run logged no step"], {}
+    bad = [i for i, loss in enumerate(losses) if not math.isfinite(loss)]
+    if bad:
+        return [f"{len(bad)} non-finite losses, the first at logged step {bad[0] + 1}"], {}
+    window = max(1, math.ceil(len(losses) * config.loss_window_fraction))
+    first, last = sum(losses[:window]) / window, sum(losses[-window:]) / window
+    figures = {"first_window_mean": first, "last_window_mean": last, "window_steps": window}
+    if len(losses) < 2 * window or last > first * (1.0 - config.min_loss_drop_fraction):
+        return [
+            f"the loss did not fall: mean {last:.4f} over the last {window} steps against {first:.4f} over "
+            f"the first (needs a drop of checks.min_loss_drop_fraction {config.min_loss_drop_fraction:.1%})"
+        ], figures
+    return [], figures
+
+
+def router_violations(router: Mapping[str, Any] | None, config: ChecksConfig) -> list[str]:
+    """Dead experts and overloaded layers in the last step's router record (`training/health.py`)."""
+    if router is None:
+        return []
+    found = []
+    for layer, dead, ratio in zip(
+        router["layers"], router["dead_experts"], router["max_over_mean"], strict=True
+    ):
+        if dead:
+            found.append(f"layer {layer}: {dead} dead experts (no token in the health window)")
+        if ratio > config.max_expert_load_over_mean:
+            found.append(
+                f"layer {layer}: max expert load {ratio:.2f}x the mean, above "
+                f"checks.max_expert_load_over_mean {config.max_expert_load_over_mean}"
+            )
+    return found
