@@ -33,13 +33,17 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from moe_dag.storage.artifact_manifest import (
+    ARTIFACT_MANIFEST,
+    checked_manifest,
+    folder_manifest,
+    local_target,
+)
 from moe_dag.storage.atomic import TEMPORARY_PREFIX, atomic_path, atomic_write, temporary_name
 
 PART_NAME = "part-00000.parquet"
 RECORDS_DIR = "_done"
 BATCH_ROWS = 2048
-# The published version of a stage's artefacts on an object-store lake, written after every file it lists.
-ARTIFACT_MANIFEST = "_artifact.json"
 # The version the local mirror holds (hidden: never listed, never uploaded).
 LOCAL_MANIFEST = ".artifact.json"
 # The remote files a local mirror of a slice holds (size and modification time or ETag by name).
@@ -218,7 +222,7 @@ class Lake:
         if self.is_local:
             return None
         folder = self.cache_dir / stage
-        manifest = _folder_manifest(folder)
+        manifest = folder_manifest(folder)
         remote = posixpath.join(self.root, stage)
         previous = self._remote_manifest(stage)["files"]
         for name, entry in manifest["files"].items():
@@ -307,13 +311,14 @@ class Lake:
             return {"version": None, "files": {}}
 
     def _pull_artifact(self, stage: str, folder: Path) -> None:
-        remote = self._remote_manifest(stage)
+        where = posixpath.join(self.root, stage, ARTIFACT_MANIFEST)
+        remote = checked_manifest(self._remote_manifest(stage), where, folder)
         local_path = folder / LOCAL_MANIFEST
         local = json.loads(local_path.read_text()) if local_path.exists() else {"version": None, "files": {}}
         if remote["version"] is None or remote["version"] == local["version"]:
             return
         for name, entry in remote["files"].items():
-            target = folder / name
+            target = local_target(folder, name, where)
             if (
                 local["files"].get(name) == entry
                 and target.exists()
@@ -398,25 +403,6 @@ class LakeArtifact:
 
     def __fspath__(self) -> str:
         return str(Lake(self.lake_url, self.cache_dir).artifact_dir(self.stage) / self.name)
-
-
-def _folder_manifest(folder: Path) -> dict[str, Any]:
-    files = {}
-    for path in sorted(folder.rglob("*")):
-        relative = path.relative_to(folder).as_posix()
-        hidden = any(part.startswith(".") for part in path.relative_to(folder).parts)
-        if path.is_file() and not hidden and relative != ARTIFACT_MANIFEST:
-            files[relative] = {"size": path.stat().st_size, "sha256": _file_sha256(path)}
-    version = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:16]
-    return {"version": version, "files": files}
-
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _write_json(path: Path, value: dict[str, Any]) -> None:
