@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,10 @@ from moe_dag.assets.run_identity import RUN_HOST_TAG, pid_namespace
 
 # /proc gives a process's start to the clock tick and the boot time to the second.
 START_SLACK_S = 2.0
+# Every stage takes the pipeline resource, which tags its run within seconds of the step's start, just
+# after the step claims its pool slot. A run that holds a slot this long after it started and is still
+# untagged died between the two (or is no run of moe-dag's): nothing else would ever free its slot.
+UNTAGGED_GRACE_S = 300.0
 
 ACTIVE_STATUSES = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
 
@@ -57,7 +62,20 @@ def free_dead_runs(instance: dg.DagsterInstance) -> list[str]:
     freed = []
     storage = instance.event_log_storage
     here = pid_namespace()
+    holders = {
+        slot.run_id: pool for pool in storage.get_concurrency_keys() for slot in _claimed(instance, pool)
+    }
     for run in instance.get_runs(dg.RunsFilter(statuses=ACTIVE_STATUSES)):
+        if RUN_HOST_TAG not in run.tags and run.run_id in holders and _started_before_grace(instance, run):
+            message = (
+                f"holds pool {holders[run.run_id]!r} but never recorded where its processes run (killed "
+                f"before its resources were set up?), {UNTAGGED_GRACE_S:.0f} s after it started: marked "
+                "failed by moe-dag"
+            )
+            instance.report_run_failed(run, message)
+            storage.free_concurrency_slots_for_run(run.run_id)
+            freed.append(f"run {run.run_id} ({run.job_name}): {message}; its pool slots are free")
+            continue
         if run.tags.get(RUN_HOST_TAG) != here:
             continue
         processes = worker_processes(instance, run.run_id)
@@ -69,12 +87,22 @@ def free_dead_runs(instance: dg.DagsterInstance) -> list[str]:
             storage.free_concurrency_slots_for_run(run.run_id)
             freed.append(f"run {run.run_id} ({run.job_name}): {message}; its pool slots are free")
     for pool in storage.get_concurrency_keys():
-        for run_id in {slot.run_id for slot in storage.get_concurrency_info(pool).claimed_slots}:
+        for run_id in {slot.run_id for slot in _claimed(instance, pool)}:
             run = instance.get_run_by_id(run_id)
             if run is None or run.is_finished:
                 storage.free_concurrency_slots_for_run(run_id)
                 freed.append(f"pool {pool!r}: freed the slot of run {run_id}, which has ended")
     return freed
+
+
+def _claimed(instance: dg.DagsterInstance, pool: str) -> list:
+    return instance.event_log_storage.get_concurrency_info(pool).claimed_slots
+
+
+def _started_before_grace(instance: dg.DagsterInstance, run: dg.DagsterRun) -> bool:
+    record = instance.get_run_record_by_id(run.run_id)
+    started = record.start_time if record is not None and record.start_time else None
+    return started is not None and time.time() - started >= UNTAGGED_GRACE_S
 
 
 # Dagster commands that execute steps in their own process, with no daemon to run the reaper sensor.
