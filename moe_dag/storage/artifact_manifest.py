@@ -1,9 +1,13 @@
 """The manifest of a stage's published artefacts on an object-store lake, and the checks on what it names.
 
-A manifest lists every file of one published version by name, with its size and sha256. A machine that
-pulls the artefact writes each named file into its local mirror, so the names are chosen by whoever can
-write the bucket: each one is checked to stay inside the mirror's folder (a relative POSIX path with no
-`..`, `.`, empty or hidden part, no backslash, and no link on the way) before anything is fetched.
+A manifest lists every file of one published version by name, with its size and sha256. The files
+themselves are stored under their content's name (`<stage>/_objects/<sha256>`), so uploading a new
+version overwrites nothing the published one uses, and the manifest, written last, switches readers
+from one version to the next at once. A machine that pulls the artefact writes each named file into its
+local mirror, so the names are chosen by whoever can write the bucket: each one is checked to stay
+inside the mirror's folder (a relative POSIX path with no `..`, `.`, empty or hidden part, no
+backslash, and no link on the way) before anything is fetched, and each fetched file must match its
+sha256 before it takes its name.
 """
 
 from __future__ import annotations
@@ -16,11 +20,22 @@ from typing import Any
 
 # The published version of a stage's artefacts on an object-store lake, written after every file it lists.
 ARTIFACT_MANIFEST = "_artifact.json"
+# Where a stage's published files are stored on the lake, each under its sha256.
+OBJECTS_DIR = "_objects"
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 class UnsafeArtifactName(ValueError):
     """A manifest names a file outside its artefact's folder, or a path through a link."""
+
+
+class ArtifactIntegrityError(ValueError):
+    """A fetched artefact file does not match the size and sha256 its manifest lists."""
+
+
+def object_path(sha256: str) -> str:
+    """Where the file with this content is stored, relative to its stage's folder on the lake."""
+    return f"{OBJECTS_DIR}/{sha256}"
 
 
 def folder_manifest(folder: Path) -> dict[str, Any]:
@@ -72,6 +87,16 @@ def local_target(folder: Path, name: str, where: str) -> Path:
         if target.is_symlink():
             raise UnsafeArtifactName(f"{where}: {name!r} would be written through a link at {target}")
     return target
+
+
+def verify_file(path: Path, entry: dict[str, Any], name: str, where: str) -> None:
+    """Refuse `path`, fetched as file `name` of the manifest at `where`, unless it matches `entry`."""
+    size, digest = path.stat().st_size, file_sha256(path)
+    if size != entry["size"] or digest != entry["sha256"]:
+        raise ArtifactIntegrityError(
+            f"{where}: {name!r} was fetched with {size} bytes and sha256 {digest}, the manifest lists "
+            f"{entry['size']} bytes and sha256 {entry['sha256']}: refused (rewritten in the bucket?)"
+        )
 
 
 def file_sha256(path: Path) -> str:

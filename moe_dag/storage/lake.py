@@ -35,9 +35,12 @@ import pyarrow.parquet as pq
 
 from moe_dag.storage.artifact_manifest import (
     ARTIFACT_MANIFEST,
+    OBJECTS_DIR,
     checked_manifest,
     folder_manifest,
     local_target,
+    object_path,
+    verify_file,
 )
 from moe_dag.storage.atomic import TEMPORARY_PREFIX, atomic_path, atomic_write, temporary_name
 
@@ -215,24 +218,31 @@ class Lake:
     def publish_artifact(self, stage: str) -> str | None:
         """Make the local folder of a stage's artefacts the lake's published version; returns the version.
 
-        Nothing to do on a local lake (returns None). On an object-store lake the files that changed are
-        uploaded, then the manifest (every file's size and sha256) is written last, so a reader sees the old
-        version or the new one, never a half-uploaded one; files the previous version listed and this
-        one does not are removed afterwards. One writer per stage at a time (one materialisation)."""
+        Nothing to do on a local lake (returns None). On an object-store lake each file the published
+        version does not already hold is uploaded under its sha256 (`<stage>/_objects/<sha256>`), which
+        no published manifest can be using yet, then the manifest (every file's name, size and sha256)
+        is written last: a reader sees the old version or the new one, never a mix, however the upload
+        is cut. Objects the new manifest does not list (the old version's, a cut upload's) are removed
+        afterwards. One writer per stage at a time (one materialisation)."""
         if self.is_local:
             return None
         folder = self.cache_dir / stage
         manifest = folder_manifest(folder)
         remote = posixpath.join(self.root, stage)
-        previous = self._remote_manifest(stage)["files"]
+        objects = posixpath.join(remote, OBJECTS_DIR)
+        # Only objects the published version lists are known whole: a cut upload may have left others.
+        stored = {entry["sha256"] for entry in self._remote_manifest(stage)["files"].values()}
+        stored &= self._stored_objects(objects)
+        self.fs.makedirs(objects, exist_ok=True)
         for name, entry in manifest["files"].items():
-            if previous.get(name) != entry:
-                self.fs.makedirs(posixpath.dirname(posixpath.join(remote, name)), exist_ok=True)
-                self.fs.put_file(str(folder / name), posixpath.join(remote, name))
+            if entry["sha256"] not in stored:
+                self.fs.put_file(str(folder / name), posixpath.join(remote, object_path(entry["sha256"])))
+                stored.add(entry["sha256"])
         with atomic_write(posixpath.join(remote, ARTIFACT_MANIFEST), self.fs) as handle:
             handle.write(json.dumps(manifest, sort_keys=True).encode())
-        for name in sorted(set(previous) - set(manifest["files"])):
-            self.fs.rm(posixpath.join(remote, name))
+        listed = {entry["sha256"] for entry in manifest["files"].values()}
+        for digest in sorted(self._stored_objects(objects) - listed):
+            self.fs.rm(posixpath.join(remote, object_path(digest)))
         _write_json(folder / LOCAL_MANIFEST, manifest)
         return manifest["version"]
 
@@ -325,11 +335,30 @@ class Lake:
                 and target.stat().st_size == entry["size"]
             ):
                 continue
-            with atomic_path(target) as partial:
-                self.fs.get_file(posixpath.join(self.root, stage, name), str(partial))
+            self._fetch_verified(
+                posixpath.join(self.root, stage, object_path(entry["sha256"])), target, entry, name, where
+            )
         for name in set(local["files"]) - set(remote["files"]):
             (folder / name).unlink(missing_ok=True)
         _write_json(local_path, remote)
+
+    def _fetch_verified(self, path: str, target: Path, entry: dict[str, Any], name: str, where: str) -> None:
+        """Download `path` as `target`, which it becomes only once it matches `entry` (size, sha256)."""
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = Path(temporary_name(str(target)))
+        try:
+            self.fs.get_file(path, str(partial))
+            verify_file(partial, entry, name, where)
+            partial.replace(target)
+        finally:
+            partial.unlink(missing_ok=True)
+
+    def _stored_objects(self, objects: str) -> set[str]:
+        """The digests of the files stored under a stage's objects folder."""
+        self.fs.invalidate_cache(objects)
+        return (
+            {posixpath.basename(path) for path in self.fs.find(objects)} if self.fs.exists(objects) else set()
+        )
 
     def _existing_files(self, stage: str, source: str | None) -> list[str]:
         files = self.parquet_files(stage, source)

@@ -4,7 +4,6 @@ Anyone who can write the bucket chooses those names, so each must stay inside th
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import posixpath
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from moe_dag.storage.artifact_manifest import ARTIFACT_MANIFEST, UnsafeArtifactName
+from moe_dag.storage.artifact_manifest import ARTIFACT_MANIFEST, UnsafeArtifactName, object_path
 from moe_dag.storage.lake import Lake
 
 PAYLOAD = b"escaped"
@@ -26,9 +25,7 @@ def _lake(tmp_path: Path, name: str = "reader") -> Lake:
 def _plant_manifest(lake: Lake, stage: str, names: list[str]) -> None:
     """What an attacker with write access to the bucket does: one object, listed under each name."""
     digest = hashlib.sha256(PAYLOAD).hexdigest()
-    for name in filter(None, names):  # where the unchecked code looked for each file
-        with contextlib.suppress(OSError, ValueError):
-            lake.fs.pipe_file(posixpath.join(lake.root, stage, name), PAYLOAD)
+    lake.fs.pipe_file(posixpath.join(lake.root, stage, object_path(digest)), PAYLOAD)
     files = {name: {"size": len(PAYLOAD), "sha256": digest} for name in names}
     manifest = {"version": "planted", "files": files}
     lake.fs.pipe_file(f"{lake.root}/{stage}/{ARTIFACT_MANIFEST}", json.dumps(manifest).encode())
