@@ -3,6 +3,7 @@
 import dagster as dg
 
 from moe_dag.assets.operating import operated
+from moe_dag.assets.reporting import problems_result
 from moe_dag.assets.resources import PipelineResource
 from moe_dag.storage.catalog import LAKE_STAGES, Catalog, chain_breaks
 
@@ -35,11 +36,5 @@ def document_catalog(pipeline: PipelineResource) -> dg.MaterializeResult:
                 "| stage | source | in | kept | dropped |\n| --- | --- | --- | --- | --- |\n" + table
             ),
         },
-        check_results=[
-            dg.AssetCheckResult(
-                check_name="stages_chain",
-                passed=not broken,
-                metadata={"breaks": dg.MetadataValue.json(broken)},
-            )
-        ],
+        check_results=[problems_result("stages_chain", broken)],
     )

@@ -30,6 +30,7 @@ from moe_dag.assets.reporting import (
     decision_check_specs,
     decision_result,
     engine_metadata,
+    problems_result,
     run_source_stage,
 )
 from moe_dag.assets.resources import PipelineResource, RayResource
@@ -53,6 +54,7 @@ from moe_dag.engine import StageSpec
 from moe_dag.engine.cluster import cluster_cpus
 from moe_dag.engine.shards import upstream_inputs
 from moe_dag.engine.tasks import map_tasks
+from moe_dag.operations.bounds import cluster_row_violation, stale_deduplicated
 from moe_dag.operations.plots import bars_png, png_markdown
 from moe_dag.storage.lake import Lake
 
@@ -127,10 +129,10 @@ def dedup_clusters(
             "dagster/row_count": rows,
         },
         check_results=[
-            dg.AssetCheckResult(
-                check_name="one_row_per_document",
-                passed=distinct_ids == signatures == rows,
-                metadata={"signatures": signatures, "cluster_rows": rows, "distinct_ids": distinct_ids},
+            problems_result(
+                "one_row_per_document",
+                [problem] if (problem := cluster_row_violation(signatures, rows, distinct_ids)) else [],
+                {"signatures": signatures, "cluster_rows": rows, "distinct_ids": distinct_ids},
             )
         ],
     )
@@ -211,14 +213,12 @@ def built_from_current_clusters(
         for source in sources
         if pipeline.lake.has_table("deduplicated", source)
     }
-    stale = sorted(s for s, version in built.items() if version != current.get(s, EMPTY_VERSION))
-    return dg.AssetCheckResult(
-        passed=not stale,
-        metadata={
-            "stale_partitions": dg.MetadataValue.json(stale),
-            "built_from": dg.MetadataValue.json(built),
-            "current": dg.MetadataValue.json({s: current.get(s, EMPTY_VERSION) for s in sources}),
-        },
+    current_of = {s: current.get(s, EMPTY_VERSION) for s in sources}
+    stale = stale_deduplicated(built, current_of)
+    return problems_result(
+        "built_from_current_clusters",
+        stale,
+        {"built_from": dg.MetadataValue.json(built), "current": dg.MetadataValue.json(current_of)},
     )
 
 

@@ -11,6 +11,7 @@ from moe_dag.curation.counts import unreconciled_shards
 from moe_dag.curation.ingest import ingest_source
 from moe_dag.engine.shard_ledger import LedgerChanges, ShardLedger, ledger_path, shards_read
 from moe_dag.engine.shards import digest_text, output_digest
+from moe_dag.operations.bounds import ingest_reconciliation
 from moe_dag.storage.lake import Lake
 
 LINES_IN_SHARDS = "lines_in_shards"
@@ -63,14 +64,10 @@ def raw_documents(
         },
         data_version=raw_data_version(run.records),
         check_results=[
-            dg.AssetCheckResult(
-                check_name=RECONCILES,
-                passed=documents + quarantined == counts.get("records", 0),
-                metadata={
-                    "records": counts.get("records", 0),
-                    "documents": documents,
-                    "quarantined": quarantined,
-                },
+            problems_result(
+                RECONCILES,
+                ingest_reconciliation(source.name, counts.get("records", 0), documents, quarantined),
+                {"records": counts.get("records", 0), "documents": documents, "quarantined": quarantined},
             ),
             problems_result(
                 LINES_IN_SHARDS, lost, {"shards": len(run.records), "shards_unreconciled": len(lost)}

@@ -6,7 +6,9 @@ import dagster as dg
 import pyarrow as pa
 
 from moe_dag.assets.operating import operated
+from moe_dag.assets.reporting import problems_result
 from moe_dag.assets.resources import PipelineResource
+from moe_dag.operations.bounds import oracle_failure_violation
 from moe_dag.operations.refresh import Refresh
 from moe_dag.quality.heads import calibration_sample_size
 from moe_dag.quality.oracle import LabelCache, label_documents, requests_from_table, sample_slice
@@ -129,10 +131,12 @@ def oracle_labels(context: dg.AssetExecutionContext, pipeline: PipelineResource)
             "dagster/row_count": report.labels.num_rows,
         },
         check_results=[
-            dg.AssetCheckResult(
-                check_name=FAILURE_RATE,
-                passed=report.failure_rate <= bound,
-                metadata={"failure_rate": round(report.failure_rate, 4), "bound": bound},
+            problems_result(
+                FAILURE_RATE,
+                [problem]
+                if (problem := oracle_failure_violation(report.failures.num_rows, report.requested, bound))
+                else [],
+                {"failure_rate": round(report.failure_rate, 4), "bound": bound},
             )
         ],
     )

@@ -23,6 +23,7 @@ from moe_dag.operations.bounds import (
     duplicate_share_violation,
     emptied_source,
     lost_languages,
+    stage_reconciliation,
 )
 
 RECONCILES = "rows_reconcile"
@@ -128,10 +129,18 @@ def decision_result(
         **engine_metadata(run),
         **(extra or {}),
     }
-    reconciled = dg.AssetCheckResult(
-        check_name=RECONCILES,
-        passed=rows_in == kept + dropped == file_rows == upstream_kept and kept == file_kept,
-        metadata={
+    reconciliation = stage_reconciliation(
+        run.stage,
+        source,
+        upstream,
+        counted=(rows_in, kept, dropped),
+        in_files=(file_rows, file_kept),
+        upstream_kept=upstream_kept,
+    )
+    reconciled = problems_result(
+        RECONCILES,
+        reconciliation,
+        {
             "rows_in": rows_in,
             "kept": kept,
             "dropped": dropped,

@@ -14,9 +14,10 @@ import dagster as dg
 
 from moe_dag.assets.operating import FOLLOW_UPSTREAM, operated
 from moe_dag.assets.partitions import PER_SOURCE
-from moe_dag.assets.reporting import decision_check_specs, decision_result, run_source_stage
+from moe_dag.assets.reporting import decision_check_specs, decision_result, problems_result, run_source_stage
 from moe_dag.assets.resources import PipelineResource, RayResource
 from moe_dag.engine import StageSpec
+from moe_dag.operations.bounds import keep_rate_violation
 from moe_dag.quality.heads import load_heads
 from moe_dag.quality.work import ScoringWork
 
@@ -86,9 +87,12 @@ def scored_documents(
         },
     )
     target, tolerance = config.source(source).keep_rate, config.calibration.keep_rate_tolerance
-    on_target = dg.AssetCheckResult(
-        check_name=KEEP_RATE,
-        passed=bool(abs(kept_rate - target) <= tolerance),
-        metadata={"kept_rate": round(kept_rate, 4), "target": target, "tolerance": tolerance},
+    off_target = keep_rate_violation(
+        source, counts.get("kept", 0), counts.get("documents", 0), target, tolerance
+    )
+    on_target = problems_result(
+        KEEP_RATE,
+        [off_target] if off_target else [],
+        {"kept_rate": round(kept_rate, 4), "target": target, "tolerance": tolerance},
     )
     return dg.MaterializeResult(metadata=result.metadata, check_results=[*result.check_results, on_target])

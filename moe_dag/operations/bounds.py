@@ -309,3 +309,84 @@ def router_violations(router: Mapping[str, Any] | None, config: ChecksConfig) ->
                 f"checks.max_expert_load_over_mean {config.max_expert_load_over_mean}"
             )
     return found
+
+
+def ingest_reconciliation(source: str, records: int, documents: int, quarantined: int) -> list[str]:
+    """A sentence when the records read from `source`'s shards are not its documents plus quarantine rows."""
+    if records == documents + quarantined:
+        return []
+    return [
+        f"raw_documents[{source}]: the shards held {records} records but ingest wrote {documents} documents "
+        f"+ {quarantined} quarantined = {documents + quarantined}"
+    ]
+
+
+def stage_reconciliation(
+    stage: str,
+    source: str,
+    upstream: str,
+    *,
+    counted: tuple[int, int, int],
+    in_files: tuple[int, int],
+    upstream_kept: int,
+) -> list[str]:
+    """One sentence per count of a filter stage that disagrees with another: `counted` is (rows in, kept,
+    dropped) from its completion records, `in_files` (rows, kept) from its parquet files, `upstream_kept`
+    the kept rows of `upstream`'s parquet files (what the stage should have received)."""
+    rows_in, kept, dropped = counted
+    file_rows, file_kept = in_files
+    where = f"{stage}[{source}]"
+    found = []
+    if rows_in != kept + dropped:
+        found.append(f"{where}: {rows_in} rows in but {kept} kept + {dropped} dropped = {kept + dropped}")
+    if rows_in != upstream_kept:
+        found.append(f"{where}: {rows_in} rows in but {upstream} kept {upstream_kept}")
+    if rows_in != file_rows:
+        found.append(f"{where}: its completion records count {rows_in} rows in, its files {file_rows}")
+    if kept != file_kept:
+        found.append(f"{where}: its completion records count {kept} kept, its files {file_kept}")
+    return found
+
+
+def keep_rate_violation(source: str, kept: int, rows_in: int, target: float, tolerance: float) -> str | None:
+    """A sentence when the share scoring kept of `source` lies further than `tolerance` from its target."""
+    rate = kept / rows_in if rows_in else 0.0
+    if abs(rate - target) <= tolerance:
+        return None
+    return (
+        f"scored_documents[{source}]: kept {kept} of {rows_in} documents ({rate:.4f}), "
+        f"{abs(rate - target):.4f} from its target keep rate {target} (sources[{source}].keep_rate), "
+        f"beyond calibration.keep_rate_tolerance {tolerance}"
+    )
+
+
+def oracle_failure_violation(failed: int, requested: int, bound: float) -> str | None:
+    """A sentence when the oracle left more of the sample unlabelled than `oracle.max_failure_rate`."""
+    rate = failed / requested if requested else 0.0
+    if rate <= bound:
+        return None
+    return (
+        f"oracle_labels: {failed} of {requested} sampled documents left unlabelled ({rate:.1%}), above "
+        f"oracle.max_failure_rate {bound:.1%}; each one's error: SELECT error FROM oracle_label_failures"
+    )
+
+
+def cluster_row_violation(signatures: int, rows: int, distinct_ids: int) -> str | None:
+    """A sentence unless the clusters hold exactly one row per signed document."""
+    if signatures == rows == distinct_ids:
+        return None
+    return (
+        f"dedup_clusters: {signatures} documents signed but the clusters hold {rows} rows of "
+        f"{distinct_ids} distinct ids; each signed document needs exactly one row"
+    )
+
+
+def stale_deduplicated(built: Mapping[str, str], current: Mapping[str, str]) -> list[str]:
+    """One sentence per source whose `deduplicated` was built from clusters other than the current ones;
+    `built` and `current` map a source to a clusters version."""
+    return [
+        f"deduplicated[{source}] was built from clusters version {version} but the current one is "
+        f"{current[source]}: materialise deduplicated[{source}] again"
+        for source, version in sorted(built.items())
+        if version != current[source]
+    ]
