@@ -14,6 +14,7 @@ run through `make` or `dagster dev`).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import re
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ from moe_dag.mixture import MixtureConfig
 from moe_dag.mixture.neutral import EvaluationConfig
 from moe_dag.mixture.search import MixtureSearchConfig
 from moe_dag.mixture.tokenizer import TokenizerConfig
-from moe_dag.operations.bounds import ChecksConfig, reason_settings
+from moe_dag.operations.bounds import ChecksConfig, ReasonSetting, reason_settings
 from moe_dag.operations.refresh import RefreshConfig
 from moe_dag.quality.heads import BackboneConfig, CalibrationConfig, HeadTrainConfig
 from moe_dag.quality.oracle import LabellingConfig, OpenAICompatibleConfig, VLLMEngineConfig
@@ -55,6 +56,8 @@ class SourceConfig:
     mixture_weight: float = 1.0  # relative share of training tokens
     # Prefilter fields that differ for this source (e.g. a punctuation rule unfit for UI strings).
     prefilter: dict[str, Any] = field(default_factory=dict)
+    # Toxicity fields that differ for this source (e.g. `max_toxic_share` for a source of heated posts).
+    toxicity: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # The name becomes a partition key, a lake folder (`source=<name>`) and a DuckDB value.
@@ -184,11 +187,22 @@ class PipelineConfig:
         """The prefilter section, then the changes for the source's kind, then the source's own block."""
         return self.prefilter.for_kind(source.kind).with_changes(source.prefilter)
 
-    def reason_settings(self, stage: str, source: str) -> dict[str, str]:
-        """Per drop reason of a filter stage, the config key that governs it for `source`, and its value."""
+    def toxicity_for(self, source: SourceConfig) -> ToxicityConfig:
+        """The toxicity section with the source's own `toxicity:` block applied over it."""
+        return dataclasses.replace(self.toxicity, **source.toxicity)
+
+    def reason_settings(self, stage: str, source: str) -> dict[str, ReasonSetting]:
+        """Per drop reason of a filter stage, the per-source key that governs it for `source`, its value,
+        and (prefilter) the other kinds of text whose defaults would set it looser for this source."""
         source_config = self.source(source)
-        settings = self.prefilter_for(source_config) if stage == "prefiltered" else self.toxicity
-        return reason_settings(stage, settings, source_config)
+        if stage != "prefiltered":
+            return reason_settings(stage, self.toxicity_for(source_config), source_config)
+        other_kinds = {
+            kind: self.prefilter.for_kind(kind).with_changes(source_config.prefilter)
+            for kind in SOURCE_KINDS
+            if kind not in (source_config.kind, "code") and source_config.kind != "code"
+        }
+        return reason_settings(stage, self.prefilter_for(source_config), source_config, other_kinds)
 
 
 def config_path_from_env() -> Path:
@@ -243,4 +257,10 @@ def _check_across_fields(config: PipelineConfig, origin: str) -> None:
         except ConfigError as error:
             raise error.within(key, origin) from None
         except (TypeError, ValueError) as error:
+            raise ConfigError(str(error), key, origin) from None
+        key = f"sources[{index}].toxicity"
+        source.toxicity = checked_changes(ToxicityConfig, source.toxicity, origin, key)
+        try:
+            config.toxicity_for(source)
+        except ValueError as error:
             raise ConfigError(str(error), key, origin) from None

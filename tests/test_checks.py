@@ -165,8 +165,8 @@ def test_prefilter_drop_share_fails_naming_reason_source_and_share(tmp_path, loc
     assert not check.passed
     (problem,) = problems(check)
     assert problem.startswith(
-        "prefiltered[web]: reason 'gopher_too_few_words' (prefilter.gopher_quality.min_words = 50 for source "
-        "web) dropped 2 of 12 documents (16.7%)"
+        "prefiltered[web]: reason 'gopher_too_few_words' (sources[web].prefilter.gopher_quality.min_words = "
+        "50) dropped 2 of 12 documents (16.7%)"
     )
     assert result["source_not_emptied"].passed
 
@@ -196,9 +196,9 @@ def test_a_source_that_loses_every_document_stops_at_that_stage_with_the_reasons
     (problem,) = problems(check)
     assert problem.startswith(
         "source 'web' lost every document at prefiltered (12 in; top reasons: gopher_too_few_words 12 "
-        "(prefilter.gopher_quality.min_words = 100000 for source web))"
+        "(sources[web].prefilter.gopher_quality.min_words = 100000))"
     )
-    assert "sources[web].prefilter" in problem
+    assert "To keep it: lower sources[web].prefilter.gopher_quality.min_words (100000 now)" in problem
     logged = instance.all_logs(result.dagster_run.run_id)
     assert any(entry.user_message == problem and entry.level == logging.WARNING for entry in logged)
     # Blocking: the stage after it does not run on the remnant.

@@ -19,7 +19,12 @@ from moe_dag.engine import StageSpec
     kinds={"parquet", "ray"},
     deps=["deduplicated"],
     metadata=operated(
-        1, "toxicity", "sources.kind", "checks.max_drop_share", "checks.max_drop_share_by_source.{source}"
+        1,
+        "toxicity",
+        "sources.kind",
+        "sources.toxicity",
+        "checks.max_drop_share",
+        "checks.max_drop_share_by_source.{source}",
     ),
     check_specs=decision_check_specs("toxicity_filtered", DROP_SHARE),
 )
@@ -27,7 +32,7 @@ def toxicity_filtered(
     context: dg.AssetExecutionContext, pipeline: PipelineResource, ray: RayResource
 ) -> dg.MaterializeResult:
     source = pipeline.config.source(context.partition_key)
-    config = pipeline.config.toxicity
+    config = pipeline.config.toxicity_for(source)
     make_filters = functools.partial(build_toxicity_filters, config, source.kind)
     spec = StageSpec(
         outputs=("toxicity_filtered",),

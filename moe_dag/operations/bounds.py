@@ -118,10 +118,26 @@ _STAGE_SETTINGS: dict[str, tuple[str, dict[str, ModuleType]]] = {
 }
 
 
-def reason_settings(stage: str, settings: Any, source_config: Any) -> dict[str, str]:
-    """Per reason code of `stage`, the config key that governs it and its value for a source, as
-    "prefilter.gopher_quality.min_words = 50 for source b"; reasons no setting governs are absent.
-    `settings`: the stage's config section as that source gets it; `source_config`: the source's."""
+@dataclass(frozen=True)
+class ReasonSetting:
+    """The per-source config key that governs a drop reason, its value for the source, and the kinds whose
+    defaults set it looser, each with its value there (None: that kind does not run the rule)."""
+
+    key: str
+    value: Any
+    looser_kinds: dict[str, Any] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return f"{self.key} = {self.value!r}"
+
+
+def reason_settings(
+    stage: str, settings: Any, source_config: Any, kind_settings: Mapping[str, Any] | None = None
+) -> dict[str, ReasonSetting]:
+    """Per reason code of `stage`, the per-source key that governs it ("sources[b].prefilter.gopher_quality
+    .min_words"), its value for the source, and the kinds that set it looser. `settings`: the stage's
+    config section as that source gets it; `source_config`: the source's; `kind_settings`: per other kind,
+    the section the source would get with that kind. Reasons no setting governs are absent."""
     if stage not in _STAGE_SETTINGS:
         return {}
     section, families = _STAGE_SETTINGS[stage]
@@ -133,12 +149,42 @@ def reason_settings(stage: str, settings: Any, source_config: Any) -> dict[str, 
                 continue
             if path.startswith("sources."):
                 field_name = path.removeprefix("sources.")
-                value, key = getattr(source_config, field_name), f"sources[{source}].{field_name}"
-            else:
-                value = _setting(getattr(settings, family) if family else settings, path)
-                key = ".".join(part for part in (section, family, path) if part)
-            found[reason] = f"{key} = {value!r} for source {source}"
+                found[reason] = ReasonSetting(
+                    f"sources[{source}].{field_name}", getattr(source_config, field_name)
+                )
+                continue
+            value = _setting(getattr(settings, family) if family else settings, path)
+            key = ".".join(part for part in (f"sources[{source}]", section, family, path) if part)
+            looser = {
+                kind: None
+                if family and family not in other.families
+                else _setting(getattr(other, family), path)
+                for kind, other in (kind_settings or {}).items()
+            }
+            # the loosest first: a kind that does not run the rule, then the furthest value
+            loosest = sorted(
+                (kind for kind, other in looser.items() if _looser(path, value, other)),
+                key=lambda kind: (looser[kind] is not None, _distance(value, looser[kind])),
+            )
+            found[reason] = ReasonSetting(key, value, {kind: looser[kind] for kind in loosest})
     return found
+
+
+def _looser(path: str, value: Any, other: Any) -> bool:
+    """Whether `other` lets more documents through than `value` for the setting at `path` (None: off)."""
+    if value is None or value is False or other == value:
+        return False
+    if other is None or other is False:
+        return True
+    bound = next((part for part in path.split(".") if part.startswith(("min_", "max_"))), "")
+    if isinstance(value, bool) or not bound:
+        return False
+    return other < value if bound.startswith("min_") else other > value
+
+
+def _distance(value: Any, other: Any) -> float:
+    """How far a looser `other` lies from `value`, negated so that sorting puts the furthest first."""
+    return -abs(float(other) - float(value)) if isinstance(other, int | float) else 0.0
 
 
 def _setting(config: Any, path: str) -> Any:
@@ -151,8 +197,24 @@ def _setting(config: Any, path: str) -> Any:
     return config
 
 
-def _governed(reason: str, settings: Mapping[str, str] | None) -> str:
+def _governed(reason: str, settings: Mapping[str, ReasonSetting] | None) -> str:
     return f" ({settings[reason]})" if settings and reason in settings else ""
+
+
+def _to_keep_more(setting: ReasonSetting) -> str:
+    """What lets more of a source through a rule: the kind whose defaults loosen it (with its value, also
+    suggested for the source alone), else the source's own key."""
+    if setting.looser_kinds:
+        kind, value = next(iter(setting.looser_kinds.items()))
+        if value is None:
+            return f"kind: {kind}, whose defaults do not run this rule"
+        return (
+            f"kind: {kind}, whose defaults set it to {value!r}, or {setting.key}: {value!r} for this "
+            "source alone"
+        )
+    bound = next((part for part in setting.key.split(".") if part.startswith(("min_", "max_"))), "")
+    verb = "lower" if bound.startswith("min_") else "raise" if bound.startswith("max_") else "change"
+    return f"{verb} {setting.key} ({setting.value!r} now) for this source"
 
 
 def drop_share_violations(
@@ -161,18 +223,23 @@ def drop_share_violations(
     reasons: Mapping[str, int],
     rows_in: int,
     config: ChecksConfig,
-    settings: Mapping[str, str] | None = None,
+    settings: Mapping[str, ReasonSetting] | None = None,
 ) -> list[str]:
     """One sentence per drop reason whose share of the stage's input is above its bound; `settings`
-    (`reason_settings`) names the config key that governs the reason, and its value."""
+    (`reason_settings`) names the per-source key that governs the reason, its value, and what keeps more
+    (a kind whose defaults do, else the key), and the bound that would pass these drops."""
     found = []
     for reason, count in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])):
         share, bound = count / rows_in if rows_in else 0.0, config.drop_bound(source, reason)
         if share > bound:
+            own_bound = f"checks.max_drop_share_by_source.{source}.{reason}"
+            setting = (settings or {}).get(reason)
+            keep_more = f" To keep more: {_to_keep_more(setting)};" if setting else ""
             found.append(
                 f"{stage}[{source}]: reason {reason!r}{_governed(reason, settings)} dropped {count} of "
                 f"{rows_in} documents ({share:.1%}), above its bound {bound:.1%} (checks.max_drop_share, "
-                f"or checks.max_drop_share_by_source.{source}.{reason})"
+                f"or {own_bound}).{keep_more} if these drops are right: {own_bound}: "
+                f"{math.floor(share * 100 + 1) / 100:g}"
             )
     return found
 
@@ -183,10 +250,11 @@ def emptied_source(
     reasons: Mapping[str, int],
     rows_in: int,
     kept: int,
-    settings: Mapping[str, str] | None = None,
+    settings: Mapping[str, ReasonSetting] | None = None,
 ) -> str | None:
-    """A sentence naming the stage and the top reasons, each with the config key that governs it and
-    its value (`settings`, from `reason_settings`), when a source with input kept nothing, else None."""
+    """A sentence naming the stage and the top reasons, each with the per-source key that governs it and
+    its value (`settings`, from `reason_settings`), and what keeps the source, when a source with input
+    kept nothing, else None."""
     if rows_in == 0 or kept > 0:
         return None
     top = sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))[:3]
@@ -194,11 +262,12 @@ def emptied_source(
         ", ".join(f"{reason} {count}{_governed(reason, settings)}" for reason, count in top)
         or "no reason recorded"
     )
+    first = (settings or {}).get(top[0][0]) if top else None
+    keep = f"{_to_keep_more(first)}; or" if first else "loosen the rules that dropped it for this source, or"
     return (
         f"source {source!r} lost every document at {stage} ({rows_in} in; top reasons: {named}). The "
-        f"pipeline stops here rather than train a mixture without it: loosen the rules that dropped it "
-        f"for this source (sources[{source}].prefilter or .languages for the prefilter, toxicity.* "
-        f"otherwise), or remove {source!r} from sources"
+        f"pipeline stops here rather than train a mixture without it. To keep it: {keep} remove {source!r} "
+        "from sources"
     )
 
 
