@@ -135,17 +135,11 @@ def test_every_asset_is_versioned_automated_and_has_a_backfill_policy():
     assert retries.max_retries == 3 and retries.backoff == dg.Backoff.EXPONENTIAL
 
 
-def test_a_config_change_changes_the_code_versions_of_the_stages_that_read_it(tmp_path):
-    from pathlib import Path
-
-    import yaml
-
-    raw = yaml.safe_load(Path("configs/demo.yaml").read_text())
-    raw["dedup"] = {"jaccard_threshold": 0.7}
-    changed = tmp_path / "changed.yaml"
-    changed.write_text(yaml.safe_dump(raw))
-    before = build_definitions("configs/demo.yaml").resolve_asset_graph()
-    after = build_definitions(changed).resolve_asset_graph()
+def test_a_config_change_changes_the_code_versions_of_the_stages_that_read_it(make_config):
+    before = build_definitions(make_config()).resolve_asset_graph()
+    after = build_definitions(
+        make_config({"dedup": {"jaccard_threshold": 0.7}}, "changed.yaml")
+    ).resolve_asset_graph()
     differ = {
         key.to_user_string()
         for key in before.get_all_asset_keys()

@@ -6,15 +6,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import yaml
-
 from moe_dag.assets.operating import CONFIG_READS
 from moe_dag.assets.training_runs import RUN_CONFIG_FILE, run_dir_for, training_command, write_run_config
-from moe_dag.config import DEFAULT_CONFIG, load_config
+from moe_dag.config import load_config
 from moe_dag.orchestration.definitions import build_definitions
 from moe_dag.training.__main__ import parse_args, resolve_config
 from moe_dag.training.baselines import dense_overrides
 from moe_dag.training.config import PRESET_DIR, Config
+from tests.pipeline_configs import Replace, demo_config
 
 TRAINING_ASSETS = {"moe_proxy", "curation_gain", "moe_gain"}
 
@@ -24,11 +23,7 @@ def pipeline_with_preset(tmp_path: Path, preset_text: str) -> Path:
     preset = tmp_path / "models" / "demo.yaml"
     preset.parent.mkdir(exist_ok=True)
     preset.write_text(preset_text)
-    raw = yaml.safe_load(Path(DEFAULT_CONFIG).read_text())
-    raw["training"]["preset"] = str(preset)
-    path = tmp_path / "pipeline.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return path
+    return demo_config(tmp_path, {"training": {"preset": str(preset)}})
 
 
 def code_versions(path: Path) -> dict[str, str]:
@@ -62,11 +57,9 @@ def test_editing_any_training_setting_of_the_preset_makes_moe_proxy_stale_in_a_n
     assert run_dir_for(tmp_path, load_config(path).training, tmp_path) == after_dir
 
 
-def test_the_trainer_receives_the_resolved_config_not_the_preset_name(tmp_path):
-    raw = yaml.safe_load(Path(DEFAULT_CONFIG).read_text())
-    raw["training"] = {"preset": "tiny", "steps": 9, "seed": 4, "overrides": {"optim.lr": 2.0e-3}}
-    (tmp_path / "pipeline.yaml").write_text(yaml.safe_dump(raw))
-    launch = load_config(tmp_path / "pipeline.yaml").training
+def test_the_trainer_receives_the_resolved_config_not_the_preset_name(tmp_path, make_config):
+    training = Replace(preset="tiny", steps=9, seed=4, overrides={"optim.lr": 2.0e-3})
+    launch = load_config(make_config({"training": training})).training
     out = tmp_path / "run"
     write_run_config(launch, out)
     command = training_command(launch, tmp_path / "data", out)
