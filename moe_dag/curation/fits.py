@@ -5,13 +5,16 @@ fitted on the source before the source fans out over shards. Fitting it again at
 would let a new shard move the cuts and flip the decision of a document decided long ago. So the fit is
 an artefact of its own, per stage and source:
 
-    fits/<stage>/source=<name>/<version>.pkl    the fitted whole-table filters, pickled
-    fits/<stage>/source=<name>/current.json     which version the stage uses, and what it was fitted on
+    fits/<stage>/source=<name>/<version>.safetensors  the fitted filters' arrays (the n-gram model's counts)
+    fits/<stage>/source=<name>/<version>.json         their settings, cuts and the model's vocabulary
+    fits/<stage>/source=<name>/current.json           which version the stage uses, and what it was fitted on
 
-The version is a digest of the pickled filters, so shards record it in their completion params and are
-redone only when the version changes. A new fit is made only when there is none, or when the source's
-settings changed since the stored one (which includes `prefilter.refit`, the explicit refit: bump it for
-a source, or globally). `refit_changes` says beforehand which stored decisions a refit would change.
+A fit is stored as data, never pickled: whoever can write the lake could otherwise make every machine
+that runs the stage run a command of theirs. The version is a digest of the two stored files, so shards
+record it in their completion params and are redone only when the version changes. A new fit is made
+only when there is none, or when the source's settings changed since the stored one (which includes
+`prefilter.refit`, the explicit refit: bump it for a source, or globally). `refit_changes` says
+beforehand which stored decisions a refit would change.
 
 `fit_source` fits on batches handed to this process (the reference, and `moe-dag refit`'s preview);
 `fit_source_in_tasks` makes the same fit where the data is: Ray tasks take the fit sample in pieces of
@@ -38,6 +41,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+import safetensors.numpy
+from safetensors import SafetensorError
 
 from moe_dag.curation.filters import DocumentFilter, fit_to_source, run_filters
 from moe_dag.curation.filters.perplexity import NgramLanguageModel, PerplexityFilter
@@ -48,6 +53,8 @@ from moe_dag.storage.lake import Lake
 
 FITS = "fits"
 CURRENT = "current.json"
+# The whole-table filters a fit can hold, by the kind its stored state names.
+_STORED_KINDS = {"perplexity": PerplexityFilter}
 # Rows of the fit sample one task takes at most, in whole row groups (a row group larger than this is a
 # piece of its own): a shard of 10^5 documents, which language ID and the rules take minutes over, is
 # then several tasks rather than one straggler.
@@ -252,26 +259,66 @@ def with_fit(filters: Sequence[DocumentFilter], fit: SourceFit) -> list[Document
 
 
 def load_fit(lake: Lake, stage: str, source: str) -> SourceFit | None:
-    """The fit `stage` uses for `source`, or None before the first."""
+    """The fit `stage` uses for `source`, or None before the first. A version whose state files are
+    missing (one pickled before fits were data) counts as none: the stage fits again, which on the same
+    rows and settings gives the same cuts. Files that are not a stored fit are refused with their path."""
     folder = _folder(lake, stage, source)
     try:
         with lake.fs.open(posixpath.join(folder, CURRENT), "rb") as handle:
             current = json.loads(handle.read())
+        version = current["version"]
+        values_path = posixpath.join(folder, f"{version}.json")
+        arrays_path = posixpath.join(folder, f"{version}.safetensors")
+        values_bytes, arrays_bytes = lake.fs.cat_file(values_path), lake.fs.cat_file(arrays_path)
     except FileNotFoundError:
         return None
-    path = posixpath.join(folder, f"{current['version']}.pkl")
-    with lake.fs.open(path, "rb") as handle:
-        filters = pickle.load(handle)
-    return SourceFit(current["version"], current["settings"], current["documents"], filters)
+    try:
+        values = json.loads(values_bytes)
+    except (ValueError, RecursionError) as error:
+        raise ValueError(f"{values_path}: not a stored fit ({error})") from error
+    try:
+        arrays = safetensors.numpy.load(arrays_bytes)
+    except SafetensorError as error:
+        raise ValueError(f"{arrays_path}: not a stored fit ({error})") from error
+    try:
+        filters = {
+            name: _STORED_KINDS[state["kind"]].from_state(state, _prefixed(arrays, name))
+            for name, state in values["filters"].items()
+        }
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise ValueError(f"{values_path}: not a stored fit ({type(error).__name__}: {error})") from error
+    return SourceFit(version, current["settings"], current["documents"], filters)
 
 
 def store_fit(lake: Lake, stage: str, source: str, fit: SourceFit) -> None:
     """Write the fit's version (kept beside earlier ones), then point `current.json` at it."""
     folder = _folder(lake, stage, source)
-    with atomic_write(posixpath.join(folder, f"{fit.version}.pkl"), lake.fs) as handle:
-        handle.write(pickle.dumps(fit.filters, protocol=5))
+    values, arrays = _encoded(fit.filters)
+    with atomic_write(posixpath.join(folder, f"{fit.version}.safetensors"), lake.fs) as handle:
+        handle.write(arrays)
+    with atomic_write(posixpath.join(folder, f"{fit.version}.json"), lake.fs) as handle:
+        handle.write(values)
     with atomic_write(posixpath.join(folder, CURRENT), lake.fs) as handle:
         handle.write(json.dumps(fit.describe(), sort_keys=True).encode())
+
+
+def _encoded(filters: dict[str, DocumentFilter]) -> tuple[bytes, bytes]:
+    """The whole-table filters as stored: JSON values, and safetensors arrays named `<filter>/<array>`."""
+    values, arrays = {}, {}
+    for name, doc_filter in filters.items():
+        kind = next((kind for kind, cls in _STORED_KINDS.items() if type(doc_filter) is cls), None)
+        if kind is None:
+            raise TypeError(f"{name!r}: a {type(doc_filter).__name__} cannot be stored as a fit")
+        state, own = doc_filter.state()
+        values[name] = {"kind": kind, **state}
+        arrays.update({f"{name}/{key}": np.ascontiguousarray(array) for key, array in own.items()})
+    return json.dumps({"filters": values}, sort_keys=True).encode(), safetensors.numpy.save(arrays)
+
+
+def _prefixed(arrays: dict[str, np.ndarray], name: str) -> dict[str, np.ndarray]:
+    return {
+        key.removeprefix(f"{name}/"): array for key, array in arrays.items() if key.startswith(f"{name}/")
+    }
 
 
 def decisions(lake: Lake, stage: str, source: str) -> pa.Table:
@@ -375,9 +422,8 @@ def refit_changes(lake: Lake, stage: str, source: str, filters: Sequence[Documen
 
 
 def _fit(filters: dict[str, DocumentFilter], settings: str, documents: int) -> SourceFit:
-    # Protocol 4: under 5 a numpy array pickles differently when read-only (as arrays a Ray task
-    # returns are), so the same fit made in tasks got another version than one made here.
-    version = hashlib.blake2b(pickle.dumps(filters, protocol=4), digest_size=8).hexdigest()
+    values, arrays = _encoded(filters)
+    version = hashlib.blake2b(values + arrays, digest_size=8).hexdigest()
     return SourceFit(version, settings, documents, filters)
 
 

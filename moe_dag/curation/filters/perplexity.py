@@ -34,7 +34,8 @@ gets exactly the cut over its own scores.
 
 `PerplexityFilter` needs the source's whole distribution before it can cut, so it is a whole-table filter
 (`run_filters` gives it every row still kept at once). Fitted once (`fit`), it is a plain per-document
-filter and pickles small, so a Ray actor can build it from a fitted copy.
+filter and pickles small, so a Ray actor can build it from a fitted copy; it is stored in the lake as data
+(`state`: JSON values and named arrays), never pickled there.
 """
 
 from __future__ import annotations
@@ -73,6 +74,8 @@ _TOKEN = re.compile(
     f"{_UNSPACED_LETTER.pattern}|(?:(?!{_UNSPACED_LETTER.pattern})[\\w{_MARKS}])+|[^\\w\\s{_MARKS}]"
 )
 _START, _UNKNOWN = 0, 1  # reserved word ids
+# The model's per-order arrays, as `state` names them.
+_MODEL_ARRAYS = ("keys", "counts", "context_keys", "context_counts", "context_types")
 
 
 @dataclass
@@ -124,6 +127,36 @@ class NgramLanguageModel:
                 model.context_counts.append(np.add.reduceat(counts, start) if len(counts) else counts)
                 model.context_types.append(np.diff(np.append(start, len(contexts))))
         return model
+
+    def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """The model as JSON-serialisable values and named arrays (`from_state` reads them back)."""
+        values = {
+            "order": self.order,
+            "vocabulary": self.vocabulary,
+            "char_log_probabilities": self.char_log_probabilities,
+            "discount": self.discount,
+        }
+        arrays = {
+            f"{field}.{n}": array for field in _MODEL_ARRAYS for n, array in enumerate(getattr(self, field))
+        }
+        return values, arrays
+
+    @classmethod
+    def from_state(cls, values: dict[str, Any], arrays: dict[str, np.ndarray]) -> NgramLanguageModel:
+        order = int(values["order"])
+        listed = {
+            field: [
+                arrays[f"{field}.{n}"] for n in range(order if field in ("keys", "counts") else order - 1)
+            ]
+            for field in _MODEL_ARRAYS
+        }
+        return cls(
+            order,
+            {str(word): int(i) for word, i in values["vocabulary"].items()},
+            char_log_probabilities={str(ch): float(p) for ch, p in values["char_log_probabilities"].items()},
+            discount=float(values["discount"]),
+            **listed,
+        )
 
     def perplexity(self, text: str) -> float:
         """exp of the mean negative log-probability of the text's words (nan for a text without words)."""
@@ -255,6 +288,19 @@ REASON_SETTINGS: dict[str, str | None] = {
 }
 
 
+# The constructor's arguments, which a stored fit keeps beside the fitted state.
+_FILTER_SETTINGS = (
+    "low_percentile",
+    "high_percentile",
+    "order",
+    "reference_documents",
+    "min_documents",
+    "min_language_documents",
+    "reference_texts",
+    "seed",
+)
+
+
 class PerplexityFilter(DocumentFilter):
     """Drop documents whose perplexity lies below or above the given percentiles of the source's, each
     language judged about its own median."""
@@ -293,6 +339,31 @@ class PerplexityFilter(DocumentFilter):
         # The source-wide cut, and the cut of each language with its own median (JSON-serialisable).
         self.cuts: tuple[float, float] | None = None
         self.language_cuts: dict[str, tuple[float, float]] = {}
+
+    def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """The filter's settings and fitted cuts as JSON-serialisable values, and its model's arrays: what
+        a stored fit holds (`moe_dag.curation.fits`), read back by `from_state`."""
+        model, arrays = self.model.state() if self.model is not None else (None, {})
+        values = {
+            "settings": {name: getattr(self, name) for name in _FILTER_SETTINGS},
+            "cuts": list(self.cuts) if self.cuts is not None else None,
+            "language_cuts": {language: list(cut) for language, cut in self.language_cuts.items()},
+            "model": model,
+        }
+        return values, arrays
+
+    @classmethod
+    def from_state(cls, values: dict[str, Any], arrays: dict[str, np.ndarray]) -> PerplexityFilter:
+        restored = cls(**{name: values["settings"][name] for name in _FILTER_SETTINGS})
+        cuts = values["cuts"]
+        restored.cuts = (float(cuts[0]), float(cuts[1])) if cuts is not None else None
+        restored.language_cuts = {
+            str(language): (float(low), float(high))
+            for language, (low, high) in values["language_cuts"].items()
+        }
+        if values["model"] is not None:
+            restored.model = NgramLanguageModel.from_state(values["model"], arrays)
+        return restored
 
     def fit(self, texts: list[str], **inputs: list[Any]) -> PerplexityFilter:
         """Train the model (on `reference_texts`, else a sample of `texts`) and set the cuts from `texts`,
