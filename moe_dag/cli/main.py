@@ -7,8 +7,11 @@ import os
 import sys
 from pathlib import Path
 
+from moe_dag.cli.dagster_home import announce_prepared_home
 from moe_dag.config import CONFIG_ENV_VAR, DEFAULT_CONFIG, load_config
 from moe_dag.training.strict_config import ConfigError
+
+INSTANCE_COMMANDS = ("run", "demo", "search-mixture", "free-stuck-runs")  # those that open the instance
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         "free-stuck-runs", help="mark runs whose process is gone as failed and free the pool slots they hold"
     )
     args = parser.parse_args(argv)
+    if args.command in INSTANCE_COMMANDS:
+        announce_prepared_home(os.environ.get("DAGSTER_HOME"))
     try:
         return run_command(args)
     except ConfigError as error:  # the file, the key and what is wrong: no traceback needed
