@@ -12,11 +12,9 @@ import shutil
 import sys
 from pathlib import Path
 
-import moe_dag
-
 INSTANCE_FILE = "dagster.yaml"
 # The repository's instance settings, beside the package in a checkout or an editable install.
-REPOSITORY_INSTANCE_FILE = Path(moe_dag.__file__).resolve().parents[1] / INSTANCE_FILE
+REPOSITORY_INSTANCE_FILE = Path(__file__).resolve().parents[2] / INSTANCE_FILE
 
 
 def prepare_dagster_home(home: str) -> str | None:
