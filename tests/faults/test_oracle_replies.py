@@ -104,3 +104,35 @@ def test_redact_removes_every_piece_of_four_or_more_characters():
     assert redact(f"...{KEY[-5:]} tail", [KEY]) == "...[redacted] tail"
     assert redact("a key-less message", [KEY]) == "a key-less message"
     assert redact(f"ends with {KEY[:3]}", [KEY]) == f"ends with {KEY[:3]}"  # 3 characters say nothing
+
+
+# Issue 35, item 6: the body itself nested 200,000 deep (not only the message content inside it) raised
+# RecursionError out of the labelling run, and every rerun failed the same way; an unbounded body is read
+# whole into memory.
+HOSTILE_BODIES = {
+    "body_deep": "[" * 200_000 + "]" * 200_000,
+    "body_deep_object": '{"c":' * 150_000 + "null" + "}" * 150_000,
+    "body_huge": json.dumps(completion(json.dumps(SCORES) + " " * 3_000_000)),
+}
+
+
+def test_a_hostile_body_is_one_failed_document_and_the_run_goes_on(tmp_path):
+    def respond(payload, headers):
+        document = document_of(payload)
+        return Reply(body=HOSTILE_BODIES[document]) if document in HOSTILE_BODIES else scores_reply(SCORES)
+
+    good = [f"good {i}" for i in range(3)]
+    requests = [
+        LabelRequest(id=text, text=text, source="web", rubric="general") for text in [*HOSTILE_BODIES, *good]
+    ]
+    with OracleServer(respond) as server:
+        report = label_documents(
+            requests, _oracle(server, max_retries=1), LabelCache(Lake(tmp_path / "lake")), LabellingConfig()
+        )
+    assert sorted(report.labels["id"].to_pylist()) == sorted(good)
+    failures = {row["id"]: row for row in report.failures.to_pylist()}
+    assert set(failures) == set(HOSTILE_BODIES)
+    assert "nested too deeply" in failures["body_deep"]["error"]
+    assert "nested too deeply" in failures["body_deep_object"]["error"]
+    assert "over the 1048576-byte limit" in failures["body_huge"]["error"]
+    assert all(len(reply) <= 2000 for row in failures.values() for reply in row["replies"])

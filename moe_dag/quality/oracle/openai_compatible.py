@@ -13,7 +13,8 @@ a byte at a time cannot hold a request past it (a per-read timeout would let it)
 What happens to a request:
 - 429, 408, 409, 5xx, deadlines and connection errors: back off exponentially with jitter, honouring a
   Retry-After header (seconds or an HTTP date, clamped to [0, max_backoff_s]; anything else ignored);
-- a reply that is not the JSON asked for, scores out of range, a refusal: retried with a new seed, a
+- a reply that is not the JSON asked for (a body of any shape or depth, or over `max_reply_bytes`),
+  scores out of range, a refusal: retried with a new seed, a
   temperature of at least `retry_temperature` and a reminder of the schema, never as the same request;
 - any other 4xx (a document over the context length, say): that document fails at once;
 - 401, 403, 404: nothing can succeed (key, URL or model name is wrong), so OracleError stops the run.
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import json
 import math
 import os
 import queue
@@ -72,6 +74,9 @@ class OpenAICompatibleConfig:
     max_tokens: int = 2048
     # Documents are cut to this many characters before prompting, to bound cost and context length.
     max_document_chars: int = 12_000
+    # A reply body past this many bytes is a bad reply, read no further: a 2048-token answer is a few
+    # kilobytes, and a server (or something in between) that sends more would otherwise fill memory.
+    max_reply_bytes: int = 1 << 20
 
     def __post_init__(self) -> None:
         if self.max_concurrency < 1:
@@ -80,6 +85,8 @@ class OpenAICompatibleConfig:
             raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
         if not self.timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
+        if self.max_reply_bytes < 1:
+            raise ValueError(f"max_reply_bytes must be >= 1, got {self.max_reply_bytes}")
         if self.backoff_s < 0 or self.max_backoff_s < 0:
             raise ValueError(
                 f"backoff_s and max_backoff_s must be >= 0, got {self.backoff_s}, {self.max_backoff_s}"
@@ -105,12 +112,14 @@ def retry_after_seconds(value: str | None, cap: float) -> float | None:
     return min(max(seconds, 0.0), cap)
 
 
-def _reply_content(response: httpx.Response, key: str | None) -> str:
-    """The assistant message of a 200 reply; ValueError for a reply of any other shape."""
-    body = redact(response.text, [key])
+def _reply_content(text: str, key: str | None) -> str:
+    """The assistant message of a 200 reply's body `text`; ValueError for a reply of any other shape."""
+    body = redact(text, [key])
     try:
-        choice = response.json()["choices"][0]
+        choice = json.loads(text)["choices"][0]
         message = choice["message"]
+    except RecursionError as err:
+        raise ValueError(f"malformed response body (JSON nested too deeply): {body[:200]!r}") from err
     except (ValueError, KeyError, IndexError, TypeError) as err:
         raise ValueError(f"malformed response body ({type(err).__name__}): {body[:200]!r}") from err
     if not isinstance(choice, dict) or not isinstance(message, dict):
@@ -123,6 +132,16 @@ def _reply_content(response: httpx.Response, key: str | None) -> str:
     if not isinstance(content, str):
         raise ValueError(f"the message content is a JSON {type(content).__name__}, not text: {body[:200]!r}")
     return content
+
+
+async def _read_at_most(response: httpx.Response, limit: int) -> bytes:
+    """The first `limit` bytes of a streamed body; the rest is never read."""
+    data = bytearray()
+    async for chunk in response.aiter_bytes():
+        data += chunk[: limit - len(data)]
+        if len(data) >= limit:
+            break
+    return bytes(data)
 
 
 class OpenAICompatibleOracle:
@@ -225,17 +244,18 @@ class OpenAICompatibleOracle:
             wait = None
             try:
                 async with asyncio.timeout(config.timeout_s):
-                    response = await client.post(
-                        "/chat/completions", json=self._payload(rubric, text, attempt, rejected)
-                    )
+                    payload = self._payload(rubric, text, attempt, rejected)
+                    async with client.stream("POST", "/chat/completions", json=payload) as response:
+                        data = await _read_at_most(response, config.max_reply_bytes + 1)
             except TimeoutError:
                 error = f"no complete answer within the {config.timeout_s:g}s deadline"
                 continue
             except httpx.TransportError as err:
                 error = f"{type(err).__name__}: {err}"
                 continue
+            reply = data[: config.max_reply_bytes].decode(response.encoding or "utf-8", errors="replace")
             # Redacted whole, then cut: a cut first may end inside the key, leaving a piece of it.
-            status, body = response.status_code, redact(response.text, [key])[:2000]
+            status, body = response.status_code, redact(reply, [key])[:2000]
             if status in _FATAL_STATUS:
                 raise OracleError(
                     redact(
@@ -251,8 +271,14 @@ class OpenAICompatibleOracle:
             if response.is_error:  # this document's request is refused as it stands: retrying won't help
                 replies.append(body)
                 return failed(f"HTTP {status}: {body[:500]}", attempt + 1)
+            if len(data) > config.max_reply_bytes:
+                replies.append(body)
+                error = (
+                    f"reply body over the {config.max_reply_bytes}-byte limit (oracle.openai.max_reply_bytes)"
+                )
+                continue
             try:
-                scores = rubric.parse_reply(_reply_content(response, key))
+                scores = rubric.parse_reply(_reply_content(reply, key))
                 return LabelResult(
                     request, make_label(request, scores, self.model_name), attempts=attempt + 1
                 )
