@@ -15,13 +15,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 from test_trainer import SEQ_LEN, fast_config, write_mixture
 
-from moe_dag.config import DEFAULT_CONFIG
 from moe_dag.training.run_lock import RunFolderInUse, run_lock
 from moe_dag.training.run_outputs import MetricsLog
 from moe_dag.training.trainer import train
+from tests.pipeline_configs import Replace
 
 
 @pytest.fixture
@@ -123,17 +122,16 @@ dg.materialize([moe_proxy], resources={"pipeline": PipelineResource(config_path=
 
 @pytest.mark.slow
 @pytest.mark.parametrize("nproc", [1, 2])
-def test_killing_the_dagster_process_kills_its_trainer(data: Path, tmp_path: Path, nproc: int) -> None:
+def test_killing_the_dagster_process_kills_its_trainer(
+    data: Path, tmp_path: Path, make_config, nproc: int
+) -> None:
     """kill -9 of the process materialising moe_proxy takes the trainer (and torchrun's workers) with it;
     the rerun then resumes in the same run folder with every step logged once."""
     lake = tmp_path / "lake"
     shutil.copytree(data, lake / "tokenized_mixture")
-    raw = yaml.safe_load(Path(DEFAULT_CONFIG).read_text())
-    raw["lake_root"], raw["catalog_path"] = str(lake), str(tmp_path / "catalog.duckdb")
     overrides = {"train.num_threads": 1, "train.checkpoint_every": 5}
-    raw["training"] = {"preset": "tiny", "steps": 100_000, "nproc_per_node": nproc, "overrides": overrides}
-    config_path = tmp_path / "pipeline.yaml"
-    config_path.write_text(yaml.safe_dump(raw))
+    training = Replace(preset="tiny", steps=100_000, nproc_per_node=nproc, overrides=overrides)
+    config_path = make_config({"training": training})
     env = {**os.environ, "WANDB_MODE": "disabled"}
     dagster = subprocess.Popen(
         [sys.executable, "-c", LAUNCH_MOE_PROXY, str(config_path)],

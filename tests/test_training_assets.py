@@ -10,33 +10,33 @@ import dagster as dg
 import numpy as np
 import pyarrow as pa
 import pytest
-import yaml
 
 from moe_dag.assets.comparisons import moe_gain
 from moe_dag.assets.mixture import tokenized_mixture, tokenizer
 from moe_dag.assets.training import moe_proxy, proxy_eval
-from moe_dag.config import DEFAULT_CONFIG, load_config
+from moe_dag.config import load_config
 from moe_dag.mixture import split_heldout
 from moe_dag.mixture.tokenizer import load_tokenizer
 from moe_dag.orchestration.definitions import build_definitions
 from moe_dag.storage.catalog import Catalog
 from moe_dag.storage.lake import Lake
+from tests.pipeline_configs import Replace, edited_config
 
 SECRET = "zyzzogeton"  # a word only the held-out documents contain
 
 
 @pytest.fixture
-def pipeline_config(tmp_path: Path) -> Path:
+def pipeline_config(make_config) -> Path:
     """configs/demo.yaml's sources, a scored_documents table per source in a fresh lake, tiny training."""
-    raw = yaml.safe_load(Path(DEFAULT_CONFIG).read_text())
-    raw["lake_root"], raw["catalog_path"] = str(tmp_path / "lake"), str(tmp_path / "catalog.duckdb")
-    raw["tokenizer"] = {"vocab_size": 300}
-    raw["mixture"] = {"seq_len": 32, "heldout_fraction": 0.1, "heldout_min_documents": 8}
     overrides = {"train.num_threads": 1, "train.checkpoint_every": 4}
-    raw["training"] = {"preset": "tiny", "steps": 8, "overrides": overrides}
-    raw["evaluation"] = {"neutral_share": 0}  # no raw documents here: tests/test_decisions.py has them
-    path = tmp_path / "pipeline.yaml"
-    path.write_text(yaml.safe_dump(raw))
+    path = make_config(
+        {
+            "tokenizer": {"vocab_size": 300},
+            "mixture": Replace(seq_len=32, heldout_fraction=0.1, heldout_min_documents=8),
+            "training": Replace(preset="tiny", steps=8, overrides=overrides),
+            "evaluation": {"neutral_share": 0},  # no raw documents here: tests/test_decisions.py has them
+        }
+    )
     config = load_config(path)
     rng = np.random.default_rng(0)
     words = ["data", "model", "expert", "token", "the", "of", "and", "route", "grüße", "def"]
@@ -119,8 +119,7 @@ def test_the_comparisons_can_be_left_out_of_a_whole_run(
 ) -> None:
     from moe_dag.orchestration import pipeline
 
-    raw = yaml.safe_load(pipeline_config.read_text())
-    pipeline_config.write_text(yaml.safe_dump({**raw, "comparisons": False}))
+    edited_config(pipeline_config, {"comparisons": False})
     comparisons = [
         stage for stage in pipeline.stages(build_definitions(pipeline_config)) if stage.comparisons
     ]
