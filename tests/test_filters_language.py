@@ -1,8 +1,12 @@
-"""Language ID accuracy per language on real translated text (gettext catalogues on the machine)."""
+"""Language ID accuracy per language on real translated text (gettext catalogues on the machine, and
+committed Xhosa samples for a language lid.176 does not know)."""
 
 from __future__ import annotations
 
 import dataclasses
+import gzip
+import json
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -53,16 +57,24 @@ def test_accuracy_per_language_on_at_least_20_languages(identified):
     assert sum(value >= 0.9 for value in accuracy.values()) >= 20
 
 
-def test_languages_the_model_does_not_know_are_unidentified_by_lid176_and_named_by_the_second(identified):
-    if "xh" not in identified:
-        pytest.skip("no Xhosa catalogue on this machine")
-    texts, scores = identified["xh"]
+XHOSA = Path(__file__).parent / "fixtures" / "multilingual" / "xhosa_messages.jsonl.gz"
+
+
+def test_languages_the_model_does_not_know_are_unidentified_by_lid176_and_named_by_the_second():
+    """Xhosa (not among lid.176's labels) on the committed samples of GNOME's Xhosa translations. The
+    bounds sit three binomial standard errors (over the 314 samples) below the measured rates: the inputs
+    are fixed, so only another lid.176 or py3langid could move them."""
+    with gzip.open(XHOSA, "rt") as lines:
+        texts = [json.loads(line)["text"] for line in lines]
+    assert len(texts) == 314
     lid176_alone = LanguageFilter(languages=[], config=PrefilterConfig.reference().language)
-    out, _ = run_filters(pa.table({"text": texts}), [lid176_alone])
-    reasons = out["reason"].to_pylist()
-    assert reasons.count("language_unidentified") >= len(texts) * 0.8, reasons
-    # The default (a second opinion) names most of them Xhosa and keeps them (short UI strings stay "und").
-    assert list(scores["language"]).count("xh") > len(texts) / 2, list(scores["language"])
+    reasons = run_filters(pa.table({"text": texts}), [lid176_alone])[0]["reason"].to_pylist()
+    # Measured: 309 of 314 (0.984, standard error 0.007) unidentified.
+    assert reasons.count("language_unidentified") / len(texts) >= 0.96, reasons
+    # The default (a second opinion) names most of them Xhosa and keeps them; the rest, short UI strings,
+    # stay "und". Measured: 243 of 314 (0.774, standard error 0.024) named Xhosa.
+    named = list(LanguageFilter(languages=[]).score(texts)["language"])
+    assert named.count("xh") / len(texts) >= 0.70, named
 
 
 def test_croatian_keeps_under_its_own_cut(identified):
