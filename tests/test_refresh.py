@@ -13,6 +13,7 @@ from moe_dag.operations.refresh import Refresh, RefreshConfig, moved_sources
 from moe_dag.orchestration.automation import with_operating_attributes
 from moe_dag.orchestration.definitions import build_definitions
 from moe_dag.orchestration.staleness import Staleness
+from moe_dag.settings.quality import catalog_settings
 
 
 def test_moved_sources_counts_growth_shrinkage_and_new_sources():
@@ -28,7 +29,7 @@ def test_an_on_demand_asset_waits_for_its_policy_unless_asked(tmp_path):
     sources = dg.StaticPartitionsDefinition(["a", "b"])
     kept = {"a": 100, "b": 100}
 
-    @dg.asset(partitions_def=sources, metadata=operated(1))
+    @dg.asset(partitions_def=sources, metadata=operated(1, catalog_settings))
     def toxicity_filtered(context) -> dg.MaterializeResult:
         count = kept[context.partition_key]
         return dg.MaterializeResult(metadata={"kept": count}, data_version=dg.DataVersion(str(count)))
@@ -36,7 +37,9 @@ def test_an_on_demand_asset_waits_for_its_policy_unless_asked(tmp_path):
     @dg.asset(
         deps=[toxicity_filtered],
         metadata=operated(
-            1, refresh=Refresh(population="toxicity_filtered", threshold="refresh.relabel_after_change")
+            1,
+            catalog_settings,
+            refresh=Refresh(population="toxicity_filtered", threshold="relabel_after_change"),
         ),
     )
     def oracle_sample() -> None:
@@ -84,5 +87,5 @@ def test_the_evaluation_sets_follow_new_data_with_the_mixture(tmp_path):
     definitions = build_definitions(pipeline_config(tmp_path, tmp_path / "corpus", "policies"))
     specs = {spec.key.to_user_string(): spec for asset in definitions.assets for spec in asset.specs}
     remix = operation(specs["tokenizer"]).refresh
-    assert remix == Refresh(population="scored_documents", threshold="refresh.remix_after_change")
+    assert remix == Refresh(population="scored_documents", threshold="remix_after_change")
     assert operation(specs["evaluation_sets"]).refresh == remix

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -29,9 +30,10 @@ FLOORS = {
     "mixture": 4,
     "operations": 5,
     "config": 6,
-    "assets": 7,
-    "orchestration": 8,
-    "cli": 9,
+    "settings": 7,
+    "assets": 8,
+    "orchestration": 9,
+    "cli": 10,
 }
 DAGSTER_ROOMS = ("assets", "orchestration", "cli")
 
@@ -239,14 +241,16 @@ def test_the_run_order_is_derived_from_the_asset_graph():
     ]
 
 
-def test_every_asset_declares_its_stage_version_and_the_config_it_reads():
+def test_every_asset_declares_its_stage_version_and_builds_its_settings_from_the_config():
     from moe_dag.assets.operating import operation
-    from moe_dag.orchestration.automation import config_value
+    from moe_dag.settings.stage import builds_per_source
 
     definitions = build_definitions("configs/demo.yaml")
     config = definitions.resources["pipeline"].config
     for asset in definitions.assets:
         for spec in asset.specs:
             declared = operation(spec)
-            for path in declared.config_reads:
-                config_value(config, path, config.source_names[0])  # every declared path exists
+            per_source = builds_per_source(declared.settings)
+            assert per_source == (spec.partitions_def is not None and spec.key.path != ["candidate_proxy"])
+            source = (config.source_names[0],) if per_source else ()
+            assert dataclasses.is_dataclass(declared.settings(config, *source))

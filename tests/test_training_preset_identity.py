@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from moe_dag.assets.operating import CONFIG_READS
+from moe_dag.assets.operating import operation
 from moe_dag.assets.training_runs import RUN_CONFIG_FILE, run_dir_for, training_command, write_run_config
 from moe_dag.config import load_config
 from moe_dag.orchestration.definitions import build_definitions
+from moe_dag.settings.stage import builds_per_source
 from moe_dag.training.__main__ import parse_args, resolve_config
 from moe_dag.training.baselines import dense_overrides
 from moe_dag.training.config import PRESET_DIR, Config
@@ -32,12 +33,15 @@ def code_versions(path: Path) -> dict[str, str]:
 
 
 def reading_training(path: Path) -> set[str]:
-    """The assets that declare they read the `training` section."""
-    graph = build_definitions(path).resolve_asset_graph()
+    """The assets whose settings object holds the `training` section."""
+    definitions = build_definitions(path)
+    config = definitions.resources["pipeline"].config
     return {
-        key.to_user_string()
-        for key in graph.get_all_asset_keys()
-        if "training" in graph.get(key).metadata[CONFIG_READS]
+        spec.key.to_user_string()
+        for asset in definitions.assets
+        for spec in asset.specs
+        if not builds_per_source(operation(spec).settings)
+        and hasattr(operation(spec).settings(config), "training")
     }
 
 

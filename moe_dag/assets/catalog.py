@@ -5,6 +5,7 @@ import dagster as dg
 from moe_dag.assets.operating import operated
 from moe_dag.assets.reporting import problems_result
 from moe_dag.assets.resources import PipelineResource
+from moe_dag.settings.quality import catalog_settings
 from moe_dag.storage.catalog import LAKE_STAGES, Catalog, chain_breaks
 
 
@@ -12,7 +13,7 @@ from moe_dag.storage.catalog import LAKE_STAGES, Catalog, chain_breaks
     group_name="quality",
     kinds={"duckdb"},
     deps=["scored_documents"],
-    metadata=operated(1),
+    metadata=operated(1, catalog_settings),
     pool="duckdb_catalog",
     check_specs=[dg.AssetCheckSpec("stages_chain", asset="document_catalog", blocking=True)],
 )

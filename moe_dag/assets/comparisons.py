@@ -26,7 +26,6 @@ from moe_dag.assets.mixture import REMIX
 from moe_dag.assets.operating import operated
 from moe_dag.assets.resources import PipelineResource, RayResource
 from moe_dag.assets.training_runs import (
-    TRAINING_CHECK_READS,
     bits_per_byte_plot,
     evaluation_rows,
     latest_run,
@@ -39,6 +38,8 @@ from moe_dag.assets.training_runs import (
 from moe_dag.mixture.neutral import NEUTRAL_SET
 from moe_dag.mixture.unfiltered import build_unfiltered_mixture
 from moe_dag.operations.plots import curves_png, png_markdown
+from moe_dag.settings.training import ComparisonSettings, comparison_settings, unfiltered_mixture_settings
+from moe_dag.storage.lake import Lake
 from moe_dag.training.baselines import dense_overrides
 from moe_dag.training.compare import compare_runs, read_document_losses, verdict
 from moe_dag.training.eval_sets import evaluate_on_sets, set_folder
@@ -61,7 +62,7 @@ GAIN_COLUMNS = {
     group_name="comparisons",
     kinds={"numpy", "ray"},
     deps=["raw_documents", "dedup_clusters", "tokenizer", "tokenized_mixture", "neutral_documents"],
-    metadata=operated(2, "mixture", refresh=REMIX),
+    metadata=operated(2, unfiltered_mixture_settings, refresh=REMIX),
 )
 def unfiltered_mixture(
     context: dg.AssetExecutionContext, pipeline: PipelineResource, ray: RayResource
@@ -69,11 +70,11 @@ def unfiltered_mixture(
     """Every ingested document (no filters, dedup or quality heads) packed like the curated mixture, to
     the same token budget; the curated held-out documents, the neutral set, and their exact and near
     copies left out. Raw text is read and tokenised per shard on Ray (moe_dag/mixture/unfiltered.py)."""
-    lake, config = pipeline.lake, pipeline.config
+    lake, settings = pipeline.lake, unfiltered_mixture_settings(pipeline.config)
     built = build_unfiltered_mixture(
         lake,
-        config.source_names,
-        config.mixture,
+        settings.sources,
+        settings.mixture,
         lambda spec, source, inputs: ray.run_stage(context, spec, lake, source, inputs),
     )
     return dg.MaterializeResult(
@@ -93,18 +94,19 @@ def unfiltered_mixture(
     kinds={"pytorch"},
     deps=["unfiltered_mixture", "proxy_eval", "evaluation_sets"],
     pool="gpu",
-    metadata=operated(2, "training", "evaluation", *TRAINING_CHECK_READS),
+    metadata=operated(2, comparison_settings),
 )
 def curation_gain(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
     """The proxy trained on the unfiltered mixture for the same steps, against the curated proxy on the
     curated held-out documents: gain = unfiltered bits per byte - curated bits per byte."""
-    lake, launch = pipeline.lake, pipeline.config.training
+    lake, settings = pipeline.lake, comparison_settings(pipeline.config)
+    launch = settings.training
     data_dir = lake.artifact_dir("unfiltered_mixture")
     with lake.writing_artifact("curation_gain") as runs:
         run_dir = run_dir_for(data_dir, launch, runs)
         launch_training(context, launch, data_dir, run_dir, eval_on=lake.artifact_dir("tokenized_mixture"))
         proxy_run = latest_run(lake.artifact_dir("moe_proxy"))
-        return _comparison(pipeline, proxy_run, run_dir, "curated", "unfiltered", "curation gain")
+        return _comparison(lake, settings, proxy_run, run_dir, "curated", "unfiltered", "curation gain")
 
 
 @dg.asset(
@@ -112,24 +114,25 @@ def curation_gain(context: dg.AssetExecutionContext, pipeline: PipelineResource)
     kinds={"pytorch"},
     deps=["tokenized_mixture", "proxy_eval", "evaluation_sets"],
     pool="gpu",
-    metadata=operated(2, "training", "evaluation", *TRAINING_CHECK_READS),
+    metadata=operated(2, comparison_settings),
 )
 def moe_gain(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
     """A dense model with the proxy's active parameters, trained like it on the curated mixture, against
     the MoE proxy on the held-out documents: gain = dense bits per byte - MoE bits per byte."""
-    lake, launch = pipeline.lake, pipeline.config.training
+    lake, settings = pipeline.lake, comparison_settings(pipeline.config)
+    launch = settings.training
     dense = launch.with_overrides(dense_overrides(launch.resolved.model))
     data_dir = lake.artifact_dir("tokenized_mixture")
     with lake.writing_artifact("moe_gain") as runs:
         run_dir = run_dir_for(data_dir, dense, runs)
         launch_training(context, dense, data_dir, run_dir, eval_on=data_dir)
-        return _comparison(
-            pipeline, latest_run(lake.artifact_dir("moe_proxy")), run_dir, "MoE", "dense", "MoE gain"
-        )
+        proxy_run = latest_run(lake.artifact_dir("moe_proxy"))
+        return _comparison(lake, settings, proxy_run, run_dir, "MoE", "dense", "MoE gain")
 
 
 def _comparison(
-    pipeline: PipelineResource,
+    lake: Lake,
+    settings: ComparisonSettings,
     proxy_run: Path,
     baseline_run: Path,
     proxy_name: str,
@@ -138,7 +141,8 @@ def _comparison(
 ) -> dg.MaterializeResult:
     """Both runs scored at their last two checkpoints on the curated held-out documents and on every
     evaluation set; per set the paired gain, and one sentence that says whether it is resolved."""
-    sets = {CURATED_SET: pipeline.lake.artifact_dir("tokenized_mixture"), **evaluation_set_dirs(pipeline)}
+    curated_set = {CURATED_SET: lake.artifact_dir("tokenized_mixture")}
+    sets = curated_set | evaluation_set_dirs(lake, settings.evaluation)
     device = resolve_device("auto")
     scored = [evaluate_on_sets(run, sets, checkpoints=2, device=device) for run in (proxy_run, baseline_run)]
     results: dict[str, dict] = {}

@@ -56,6 +56,8 @@ from moe_dag.engine.shards import upstream_inputs
 from moe_dag.engine.tasks import map_tasks
 from moe_dag.operations.bounds import cluster_row_violation, stale_deduplicated
 from moe_dag.operations.plots import bars_png, png_markdown
+from moe_dag.settings.curation import cluster_settings, deduplicated_settings, signature_settings
+from moe_dag.settings.stage import work_digest
 from moe_dag.storage.lake import Lake
 
 VERSIONS = "cluster_versions"  # dedup_clusters metadata: {source: version}
@@ -66,17 +68,17 @@ VERSIONS = "cluster_versions"  # dedup_clusters metadata: {source: version}
     group_name="curation",
     kinds={"parquet", "ray"},
     deps=["prefiltered"],
-    metadata=operated(1, "dedup"),
+    metadata=operated(1, signature_settings),
 )
 def minhash_signatures(
     context: dg.AssetExecutionContext, pipeline: PipelineResource, ray: RayResource
 ) -> dg.MaterializeResult:
     """Exact-content hash and MinHash signature of every document the prefilter kept, one file per shard."""
-    config = pipeline.config.dedup
+    settings = signature_settings(pipeline.config, context.partition_key)
     spec = StageSpec(
         outputs=("minhash_signatures",),
-        make_work=functools.partial(SignatureWork, config),
-        params=repr(config),
+        make_work=functools.partial(SignatureWork, settings.dedup),
+        params=work_digest(settings),
     )
     run = run_source_stage(context, pipeline, ray, spec, "prefiltered")
     documents = run.counts.get("documents", 0)
@@ -90,7 +92,7 @@ def minhash_signatures(
     kinds={"ray", "parquet"},
     deps=["minhash_signatures"],
     # the order of the sources is the survivor priority
-    metadata=operated(1, "dedup", "source_names", started_by="dedup_consistency"),
+    metadata=operated(1, cluster_settings, started_by="dedup_consistency"),
     check_specs=[dg.AssetCheckSpec("one_row_per_document", asset="dedup_clusters", blocking=True)],
 )
 def dedup_clusters(
@@ -98,11 +100,11 @@ def dedup_clusters(
 ) -> dg.MaterializeResult:
     """Duplicate clusters across every source, one deterministic survivor each, from signatures only:
     computed in partitions on Ray (`ray.workers` of them at once), one file per signature shard."""
-    config = pipeline.config
+    settings = cluster_settings(pipeline.config)
     started = time.perf_counter()
-    files = _signature_files(pipeline.lake, config.source_names)
+    files = _signature_files(pipeline.lake, settings.sources)
     result = cluster_partitioned(
-        pipeline.lake, config.source_names, config.dedup, workers=ray.workers or cluster_cpus()
+        pipeline.lake, settings.sources, settings.dedup, workers=ray.workers or cluster_cpus()
     )
     written = _cluster_files(pipeline.lake)
     report, versions = result.report, result.versions
@@ -150,9 +152,7 @@ def _cluster_files(lake: Lake, source: str | None = None) -> str:
     group_name="curation",
     kinds={"parquet"},
     deps=["prefiltered", "dedup_clusters"],
-    metadata=operated(
-        1, "checks.min_duplicate_share", "checks.max_duplicate_share", started_by="dedup_consistency"
-    ),
+    metadata=operated(1, deduplicated_settings, started_by="dedup_consistency"),
     check_specs=decision_check_specs("deduplicated", DUPLICATE_SHARE),
 )
 def deduplicated(
@@ -160,6 +160,7 @@ def deduplicated(
 ) -> dg.MaterializeResult:
     """The source's prefiltered documents with every non-survivor of a duplicate cluster dropped."""
     source, lake = context.partition_key, pipeline.lake
+    settings = deduplicated_settings(pipeline.config, source)
     # A shard is redone when its own cluster rows change (whichever source was backfilled), so a new
     # shard leaves the other shards' files, and what reads them downstream, alone.
     versions = _shard_versions(lake, source)
@@ -170,12 +171,14 @@ def deduplicated(
     spec = StageSpec(
         outputs=("deduplicated",),
         make_work=functools.partial(DedupWork, versions),
-        params="shard cluster versions",
+        params=f"{work_digest(settings)} shard cluster versions",
     )
     run = ray.run_stage(context, spec, lake, source, inputs)
     version = _built_from(lake, source)
     context.log.info(f"deduplicated[{source}] built from cluster version {version}")
-    return decision_result(context, pipeline, run, "prefiltered", {CLUSTER_VERSION: version}, DUPLICATE_SHARE)
+    return decision_result(
+        context, pipeline, run, "prefiltered", settings.checks, {CLUSTER_VERSION: version}, DUPLICATE_SHARE
+    )
 
 
 def _shard_versions(lake: Lake, source: str) -> dict[str, str]:

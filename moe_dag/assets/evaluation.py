@@ -24,22 +24,23 @@ from moe_dag.assets.resources import PipelineResource, RayResource
 from moe_dag.mixture.neutral import (
     NEUTRAL_SET,
     NEUTRAL_STAGE,
+    EvaluationConfig,
     read_user_set,
     select_neutral_in_tasks,
     write_evaluation_set,
     write_exclusions,
 )
 from moe_dag.mixture.tokenizer import eos_id, load_tokenizer
+from moe_dag.settings.training import evaluation_set_settings, neutral_settings
+from moe_dag.storage.lake import Lake
 
 SET_DOCUMENTS_STAGE = "evaluation_documents"
 
 
-def evaluation_set_dirs(pipeline: PipelineResource) -> dict[str, Path]:
+def evaluation_set_dirs(lake: Lake, evaluation: EvaluationConfig) -> dict[str, Path]:
     """Set name -> its tokenised folder (neutral first), as `evaluation_sets` wrote them."""
-    root = pipeline.lake.artifact_dir("evaluation_sets")
-    names = ([NEUTRAL_SET] if pipeline.config.evaluation.neutral_share else []) + sorted(
-        pipeline.config.evaluation.user_sets
-    )
+    root = lake.artifact_dir("evaluation_sets")
+    names = ([NEUTRAL_SET] if evaluation.neutral_share else []) + sorted(evaluation.user_sets)
     return {name: root / name for name in names}
 
 
@@ -47,20 +48,20 @@ def evaluation_set_dirs(pipeline: PipelineResource) -> dict[str, Path]:
     group_name="training",
     kinds={"parquet"},
     deps=["raw_documents", "dedup_clusters"],
-    metadata=operated(2, "evaluation.neutral_share", "source_names"),
+    metadata=operated(2, neutral_settings),
 )
 def neutral_documents(pipeline: PipelineResource, ray: RayResource) -> dg.MaterializeResult:
     """Each source's neutral evaluation sample, drawn from the raw documents by id hash before any filter
     decides, and every document training must leave out because of it (the sample, exact copies, dedup
     cluster mates). The raw files are read in Ray tasks (`ray` connects this run to the cluster)."""
     del ray  # required for its connection: the library's tasks run wherever this process is connected
-    lake, config = pipeline.lake, pipeline.config
+    lake, settings = pipeline.lake, neutral_settings(pipeline.config)
     clusters = (
         lake.glob_pattern("dedup_clusters", partitioned=False) if lake.has_table("dedup_clusters") else None
     )
     # The raw text is read in tasks, which write the documents; ids and hashes come back here.
     selected = select_neutral_in_tasks(
-        lake, config.source_names, config.evaluation.neutral_share, clusters, NEUTRAL_STAGE
+        lake, settings.sources, settings.neutral_share, clusters, NEUTRAL_STAGE
     )
     write_exclusions(lake, selected.exclusions, selected.digest)
     reasons = pc.value_counts(selected.exclusions["reason"]).to_pylist()
@@ -80,21 +81,21 @@ def neutral_documents(pipeline: PipelineResource, ray: RayResource) -> dg.Materi
     group_name="training",
     kinds={"parquet"},
     deps=["tokenizer", "neutral_documents"],
-    metadata=operated(1, "evaluation", "mixture.seq_len", "mixture.eos_token", refresh=REMIX),
+    metadata=operated(1, evaluation_set_settings, refresh=REMIX),
 )
 def evaluation_sets(pipeline: PipelineResource) -> dg.MaterializeResult:
     """The neutral set and each user set tokenised in the layout `--eval-on` reads, one folder each."""
-    lake, config = pipeline.lake, pipeline.config
+    lake, settings = pipeline.lake, evaluation_set_settings(pipeline.config)
     tokenizer = load_tokenizer(lake.artifact_dir("tokenizer") / TOKENIZER_FILE)
-    eos = eos_id(tokenizer, config.mixture.eos_token)
+    eos = eos_id(tokenizer, settings.eos_token)
     listed = []
-    for name, folder in evaluation_set_dirs(pipeline).items():
+    for name, folder in evaluation_set_dirs(lake, settings.evaluation).items():
         documents = (
             lake.read_table(NEUTRAL_STAGE)
             if name == NEUTRAL_SET
-            else read_user_set(name, config.evaluation.user_sets[name])
+            else read_user_set(name, settings.evaluation.user_sets[name])
         )
-        table = write_evaluation_set(documents, tokenizer, eos, config.mixture.seq_len, folder)
+        table = write_evaluation_set(documents, tokenizer, eos, settings.seq_len, folder)
         listed.append(
             pa.table(
                 {

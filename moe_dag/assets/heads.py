@@ -12,6 +12,7 @@ from moe_dag.operations.bounds import head_agreement_violations
 from moe_dag.operations.plots import bars_png, png_markdown, scatter_png
 from moe_dag.quality.build_heads import distil_heads, labelled_documents
 from moe_dag.quality.oracle import rubric_for_kind
+from moe_dag.settings.quality import head_settings
 
 AGREES_WITH_ORACLE = "agrees_with_oracle"
 
@@ -20,9 +21,7 @@ AGREES_WITH_ORACLE = "agrees_with_oracle"
     group_name="quality",
     kinds={"pytorch", "safetensors"},
     deps=["oracle_labels", "oracle_sample"],
-    metadata=operated(
-        1, "backbone", "heads", "calibration", "sources.kind", "sources.keep_rate", "checks.min_head_f1"
-    ),
+    metadata=operated(1, head_settings),
     pool="gpu",
     check_specs=[
         dg.AssetCheckSpec(
@@ -42,18 +41,18 @@ def quality_heads(context: dg.AssetExecutionContext, pipeline: PipelineResource)
     calibration sample). The heads' version is this asset's data version: `scored_documents` is
     rescored when it changes.
     """
-    config, lake = pipeline.config, pipeline.lake
+    settings, lake = head_settings(pipeline.config), pipeline.lake
     started = time.perf_counter()
     with lake.writing_artifact("quality_heads") as heads_dir:
         heads = distil_heads(
             labelled_documents(lake.read_table("oracle_labels"), lake.read_table("oracle_sample")),
             lake.read_table("calibration_sample"),
             heads_dir,
-            rubrics={name: rubric_for_kind(kind).name for name, kind in config.source_kinds.items()},
-            keep_rates={source.name: source.keep_rate for source in config.sources},
-            backbone_config=config.backbone,
-            train_config=config.heads,
-            calibration_config=config.calibration,
+            rubrics={name: rubric_for_kind(kind).name for name, kind in settings.kinds.items()},
+            keep_rates=settings.keep_rates,
+            backbone_config=settings.backbone,
+            train_config=settings.heads,
+            calibration_config=settings.calibration,
         )
     metrics, heldout = heads.metrics, heads.heldout
     for warning in heads.calibration_warnings:
@@ -90,7 +89,7 @@ def quality_heads(context: dg.AssetExecutionContext, pipeline: PipelineResource)
         check_results=[
             problems_result(
                 AGREES_WITH_ORACLE,
-                head_agreement_violations(metrics, config.checks),
+                head_agreement_violations(metrics, settings.checks),
                 {f"{head}_f1": round(metrics[f"{head}_f1"], 4) for head in ("probe", "judge")},
             )
         ],

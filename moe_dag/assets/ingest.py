@@ -12,6 +12,7 @@ from moe_dag.curation.ingest import ingest_source
 from moe_dag.engine.shard_ledger import LedgerChanges, ShardLedger, ledger_path, shards_read
 from moe_dag.engine.shards import digest_text, output_digest
 from moe_dag.operations.bounds import ingest_reconciliation
+from moe_dag.settings.curation import ingest_settings
 from moe_dag.storage.lake import Lake
 
 LINES_IN_SHARDS = "lines_in_shards"
@@ -21,7 +22,7 @@ LINES_IN_SHARDS = "lines_in_shards"
     partitions_def=PER_SOURCE,
     group_name="curation",
     # the shards themselves are the input: the ledger and the data version track them
-    metadata=operated(1, started_by="new_shards_<source>"),
+    metadata=operated(1, ingest_settings, started_by="new_shards_<source>"),
     kinds={"parquet"},
     check_specs=[
         reconcile_check_spec("raw_documents"),
@@ -38,20 +39,21 @@ def raw_documents(
     context: dg.AssetExecutionContext, pipeline: PipelineResource, ray: RayResource
 ) -> dg.MaterializeResult:
     """Every record of every shard of the source: a document row, or a quarantine row with its error."""
-    source = pipeline.config.source(context.partition_key)
+    source = context.partition_key
+    settings = ingest_settings(pipeline.config, source)
     run = ingest_source(
         pipeline.lake,
-        source.name,
-        source.shards,
+        source,
+        settings.shards,
         workers=ray.workers,
         log=context.log.info,
         min_block_rows=ray.min_block_rows,
     )
-    ledger = record_ingested(context, pipeline.config, source.name, run.records)
+    ledger = record_ingested(context, pipeline.config, source, run.records)
     counts = run.counts
     documents, quarantined = counts.get("kept", 0), counts.get("quarantined", 0)
-    errors = first_errors(pipeline.lake, source.name) if quarantined else []
-    lost = unreconciled_shards(pipeline.lake, source.name, source.shards, workers=ray.workers or None)
+    errors = first_errors(pipeline.lake, source) if quarantined else []
+    lost = unreconciled_shards(pipeline.lake, source, settings.shards, workers=ray.workers or None)
     return dg.MaterializeResult(
         metadata={
             "documents": documents,
@@ -66,7 +68,7 @@ def raw_documents(
         check_results=[
             problems_result(
                 RECONCILES,
-                ingest_reconciliation(source.name, counts.get("records", 0), documents, quarantined),
+                ingest_reconciliation(source, counts.get("records", 0), documents, quarantined),
                 {"records": counts.get("records", 0), "documents": documents, "quarantined": quarantined},
             ),
             problems_result(

@@ -14,10 +14,11 @@ from moe_dag.mixture.tokenizer import TOKENIZER_FILE as TOKENIZER_FILE  # the to
 from moe_dag.operations.bounds import share_error_violations, untrained_sources
 from moe_dag.operations.plots import bars_png, png_markdown
 from moe_dag.operations.refresh import Refresh
+from moe_dag.settings.training import mixture_settings, tokenizer_settings
 
 WEIGHTED_SOURCES_TRAINED = "weighted_sources_trained"
 # The mixture follows new scored documents when some source's kept documents moved past a share.
-REMIX = Refresh(population="scored_documents", threshold="refresh.remix_after_change")
+REMIX = Refresh(population="scored_documents", threshold="remix_after_change")
 
 
 @dg.asset(
@@ -25,7 +26,7 @@ REMIX = Refresh(population="scored_documents", threshold="refresh.remix_after_ch
     kinds={"huggingface"},
     deps=["scored_documents", "neutral_documents"],
     # the held-out cut comes from the mixture config
-    metadata=operated(2, "tokenizer", "mixture", refresh=REMIX),
+    metadata=operated(2, tokenizer_settings, refresh=REMIX),
 )
 def tokenizer(pipeline: PipelineResource, ray: RayResource) -> dg.MaterializeResult:
     """A byte-level BPE tokenizer trained on the kept documents of training, streamed from the lake (past
@@ -33,8 +34,8 @@ def tokenizer(pipeline: PipelineResource, ray: RayResource) -> dg.MaterializeRes
     evaluation (the mixture's cut, and the neutral set with its copies) never reach it. The passes over
     the scored files run as Ray tasks (`ray` connects this run to the cluster)."""
     del ray  # required for its connection: the library's tasks run wherever this process is connected
-    config = pipeline.config
-    trained = train_curated_tokenizer(pipeline.lake, config.source_names, config.mixture, config.tokenizer)
+    settings = tokenizer_settings(pipeline.config)
+    trained = train_curated_tokenizer(pipeline.lake, settings.sources, settings.mixture, settings.tokenizer)
     return dg.MaterializeResult(
         metadata={
             "vocab_size": trained.tokenizer.get_vocab_size(),
@@ -50,7 +51,7 @@ def tokenizer(pipeline: PipelineResource, ray: RayResource) -> dg.MaterializeRes
     group_name="training",
     kinds={"numpy", "ray"},
     deps=["tokenizer", "scored_documents", "neutral_documents"],
-    metadata=operated(1, "mixture", "checks.max_share_error", refresh=REMIX),
+    metadata=operated(1, mixture_settings, refresh=REMIX),
     check_specs=[
         dg.AssetCheckSpec(
             "target_shares_met",
@@ -71,11 +72,11 @@ def tokenized_mixture(
     context: dg.AssetExecutionContext, pipeline: PipelineResource, ray: RayResource
 ) -> dg.MaterializeResult:
     """Packed training sequences drawn by the sources' mixture weights, plus held-out documents."""
-    lake, config = pipeline.lake, pipeline.config
+    lake, settings = pipeline.lake, mixture_settings(pipeline.config)
     report, out_dir = build_curated_mixture(
         lake,
-        config.source_names,
-        config.mixture,
+        settings.sources,
+        settings.mixture,
         lambda spec, source, inputs: ray.run_stage(context, spec, lake, source, inputs),
     )
     for warning in report["warnings"]:
@@ -104,7 +105,7 @@ def tokenized_mixture(
         check_results=[
             problems_result(
                 "target_shares_met",
-                share_error_violations(shares, pipeline.config.checks),
+                share_error_violations(shares, settings.checks),
                 {
                     "max_share_error": round(
                         max(abs(s["achieved_share"] - s["target_share"]) for s in shares.values()), 4
@@ -114,7 +115,7 @@ def tokenized_mixture(
             ),
             problems_result(
                 WEIGHTED_SOURCES_TRAINED,
-                untrained_sources(shares, pipeline.config.mixture.weights),
+                untrained_sources(shares, settings.mixture.weights),
                 {"training_tokens": dg.MetadataValue.json({n: shares[n]["tokens"] for n in names})},
             ),
         ],

@@ -45,6 +45,7 @@ from moe_dag.mixture.search import (
 )
 from moe_dag.mixture.tokenizer import eos_id, load_tokenizer
 from moe_dag.operations.plots import bars_png, png_markdown, scatter_png
+from moe_dag.settings.training import mixture_search_settings
 from moe_dag.training.compare import average_bits_per_byte, gain_of_replicas, mean_document_losses
 from moe_dag.training.evaluate import EVAL_DOCUMENTS_FILE, EVAL_FILE
 
@@ -64,7 +65,7 @@ def _search_dir(pipeline: PipelineResource) -> Path:
 def _shards(pipeline: PipelineResource) -> dict[str, SourceTokens]:
     """Every source's token shards as `tokenized_mixture` left them in the lake."""
     shards = {}
-    for name in sorted(pipeline.config.source_names):
+    for name in sorted(mixture_search_settings(pipeline.config).sources):
         folder = pipeline.lake.local_slice(TOKENS_STAGE, name)
         keys = sorted(path.name.removesuffix(".index.parquet") for path in folder.glob("*.index.parquet"))
         if not keys:
@@ -79,10 +80,11 @@ def swarm_launch(pipeline: PipelineResource, seed: int = 0) -> TrainingLaunchCon
     """The swarm's proxy: mixture_search's preset (else the training section's) with its steps and
     overrides, one process, one checkpoint, and the cores shared by the proxies trained at once; `seed`
     added to the training seed (a replica of a deciding proxy)."""
-    search, launch = pipeline.config.mixture_search, pipeline.config.training
+    settings = mixture_search_settings(pipeline.config)
+    search, launch = settings.search, settings.training
     threads = max(1, (os.cpu_count() or 1) // search.parallel)
-    settings = {"parallel.ep": 1, "train.checkpoint_every": search.steps, "train.num_threads": threads}
-    overrides = {**settings, **search.overrides}
+    swarm = {"parallel.ep": 1, "train.checkpoint_every": search.steps, "train.num_threads": threads}
+    overrides = {**swarm, **search.overrides}
     if search.preset is None:  # the training section's model, with its overrides
         overrides = {**launch.overrides, **overrides}
     return dataclasses.replace(
@@ -97,7 +99,8 @@ def swarm_launch(pipeline: PipelineResource, seed: int = 0) -> TrainingLaunchCon
 
 def _budget(pipeline: PipelineResource, launch: TrainingLaunchConfig) -> int:
     train = launch.resolved.train
-    return launch.steps * train.batch_size * train.grad_accum_steps * (pipeline.config.mixture.seq_len + 1)
+    seq_len = mixture_search_settings(pipeline.config).mixture.seq_len
+    return launch.steps * train.batch_size * train.grad_accum_steps * (seq_len + 1)
 
 
 def _capacity(shards: dict[str, SourceTokens]) -> dict[str, int]:
@@ -114,19 +117,19 @@ def _read(path: Path) -> Any:
     group_name=GROUP,
     kinds={"numpy"},
     deps=["tokenized_mixture", "evaluation_sets"],
-    metadata=operated(1, "mixture", "mixture_search", started_by=STARTED_BY),
+    metadata=operated(1, mixture_search_settings, started_by=STARTED_BY),
 )
 def mixture_candidates(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
     """The candidate mixtures, sampled around the configured weights within the epoch caps, and the
     configured mixture; registered as the partitions of `candidate_proxy`."""
-    config = pipeline.config
+    settings = mixture_search_settings(pipeline.config)
     shards = _shards(pipeline)
     budget = _budget(pipeline, swarm_launch(pipeline))
     shares_CS = sample_candidates(
-        config.mixture.weights, _capacity(shards), budget, config.mixture.max_epochs, config.mixture_search
+        settings.mixture.weights, _capacity(shards), budget, settings.mixture.max_epochs, settings.search
     )
     sources = sorted(shards)
-    candidates = {CONFIGURED: shares_of(config.mixture.weights)}
+    candidates = {CONFIGURED: shares_of(settings.mixture.weights)}
     candidates |= {
         f"c{i:03d}": dict(zip(sources, map(float, row), strict=True)) for i, row in enumerate(shares_CS)
     }
@@ -164,11 +167,12 @@ def _train_on(
     """Pack `shares` from the curated shards, train a swarm proxy on them, score it on the neutral set.
     `seed` (0 for the swarm) moves the initialisation and every source's document order together."""
     lake, folder = pipeline.lake, _search_dir(pipeline)
-    neutral = evaluation_set_dirs(pipeline).get(NEUTRAL_SET)
+    settings = mixture_search_settings(pipeline.config)
+    neutral = evaluation_set_dirs(lake, settings.evaluation).get(NEUTRAL_SET)
     if neutral is None:
         raise dg.Failure("the mixture search scores on the neutral set: set evaluation.neutral_share > 0")
     tokenizer = load_tokenizer(lake.artifact_dir("tokenizer") / TOKENIZER_FILE)
-    launch, mixture = swarm_launch(pipeline, seed), pipeline.config.mixture
+    launch, mixture = swarm_launch(pipeline, seed), settings.mixture
     recipe = dataclasses.replace(mixture, total_tokens=_budget(pipeline, launch), seed=mixture.seed + seed)
     data_dir = folder / "mixtures" / name
     vocab = tokenizer.get_vocab_size(with_added_tokens=True)
@@ -200,7 +204,7 @@ def _train_on(
     deps=["mixture_candidates"],
     partitions_def=CANDIDATES,
     pool=POOL,
-    metadata=operated(2, "training", "mixture_search", started_by=STARTED_BY),
+    metadata=operated(2, mixture_search_settings, started_by=STARTED_BY),
 )
 def candidate_proxy(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
     """One candidate's small proxy, trained on the curated token shards packed to its weights and scored
@@ -222,12 +226,12 @@ def candidate_proxy(context: dg.AssetExecutionContext, pipeline: PipelineResourc
     group_name=GROUP,
     kinds={"sklearn"},
     deps=["candidate_proxy"],
-    metadata=operated(1, "mixture_search", started_by=STARTED_BY),
+    metadata=operated(1, mixture_search_settings, started_by=STARTED_BY),
 )
 def mixture_proposal(pipeline: PipelineResource) -> dg.MaterializeResult:
     """The regression from shares to neutral bits per byte (per source and averaged), its model chosen by
     leave-one-out error, and the proposed mixture with its predicted interval, as a config snippet."""
-    config, folder = pipeline.config, _search_dir(pipeline)
+    settings, folder = mixture_search_settings(pipeline.config), _search_dir(pipeline)
     names = sorted(n for n in _read(folder / "candidates.json")["candidates"] if n != CONFIGURED)
     results = [_read(folder / "results" / f"{name}.json") for name in names]
     sources = sorted(results[0]["achieved_shares"])
@@ -239,7 +243,7 @@ def mixture_proposal(pipeline: PipelineResource) -> dg.MaterializeResult:
     capacity = _capacity(_shards(pipeline))
     budget = _read(folder / "candidates.json")["budget"]
     proposal = propose(
-        fit, config.mixture.weights, capacity, budget, config.mixture.max_epochs, config.mixture_search
+        fit, settings.mixture.weights, capacity, budget, settings.mixture.max_epochs, settings.search
     )
     snippet = config_snippet(proposal)
     pq.write_table(results_table(names, sources, shares_CS, losses, fit), folder / "candidates.parquet")
@@ -274,7 +278,7 @@ def mixture_proposal(pipeline: PipelineResource) -> dg.MaterializeResult:
         "average neutral bits per byte",
         (low - margin, high + margin),
     )
-    configured = shares_of(config.mixture.weights)
+    configured = shares_of(settings.mixture.weights)
     weights = bars_png(
         sources,
         {"configured": [configured[s] for s in sources], "proposal": [proposal.shares[s] for s in sources]},
@@ -304,13 +308,13 @@ def mixture_proposal(pipeline: PipelineResource) -> dg.MaterializeResult:
     kinds={"pytorch"},
     deps=["mixture_proposal"],
     pool=POOL,
-    metadata=operated(2, "training", "mixture_search", started_by=STARTED_BY),
+    metadata=operated(2, mixture_search_settings, started_by=STARTED_BY),
 )
 def mixture_validation(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
     """Proxies trained on the proposal, scored on the neutral set against its prediction and against the
     configured mixture's; both over mixture_search.final_seeds seeds, paired by seed and by neutral
     document, the gain's interval counting the documents' and the seeds' noise (compare.paired_gain)."""
-    folder, search = _search_dir(pipeline), pipeline.config.mixture_search
+    folder, search = _search_dir(pipeline), mixture_search_settings(pipeline.config).search
     proposal = _read(folder / "proposal.json")
     configured_shares = _read(folder / "candidates.json")["candidates"][CONFIGURED]
     seeds = range(search.final_seeds)
@@ -363,7 +367,7 @@ def mixture_validation(context: dg.AssetExecutionContext, pipeline: PipelineReso
     kinds={"duckdb"},
     deps=["mixture_validation"],
     pool="duckdb_catalog",
-    metadata=operated(2, started_by=STARTED_BY),
+    metadata=operated(2, mixture_search_settings, started_by=STARTED_BY),
 )
 def mixture_search_report(pipeline: PipelineResource) -> dg.MaterializeResult:
     """One row per trained mixture (candidates, the configured one, the proposal) in the lake's
@@ -372,7 +376,7 @@ def mixture_search_report(pipeline: PipelineResource) -> dg.MaterializeResult:
     candidates = pq.read_table(folder / "candidates.parquet")
     proposal, validation = _read(folder / "proposal.json"), _read(folder / "validation.json")
     extra, roles = [], []
-    seeds = range(pipeline.config.mixture_search.final_seeds)
+    seeds = range(mixture_search_settings(pipeline.config).search.final_seeds)
     for role, predicted in ((CONFIGURED, None), (PROPOSAL, proposal["predicted"])):
         for seed in seeds:
             result = _read(folder / "results" / f"{replica_name(role, seed)}.json")

@@ -1,26 +1,29 @@
 """What each asset declares about how it is operated, on its own decorator: its stage version, the
-config it reads, and whether automation or a sensor starts it.
+builder of its settings object, and whether automation or a sensor starts it.
 
-`@dg.asset(..., metadata=operated(1, "dedup", "source_names"))` says: bump the 1 when the stage gives
-other output for the same input; the asset's output depends on `config.dedup` and `config.source_names`
-(dotted paths into `PipelineConfig`; `sources.kind` means every source's `kind`). The orchestration room
-turns these into code versions and automation conditions (`moe_dag/orchestration/automation.py`) and
-into the order `moe-dag run` materialises stages in (`moe_dag/orchestration/pipeline.py`), so each fact
-is stated once, beside the asset; the UI shows them in the asset's metadata.
+`@dg.asset(..., metadata=operated(1, cluster_settings))` says: bump the 1 when the stage gives other
+output for the same input; the asset reads the config only through `cluster_settings(config)` (for a
+per-source asset `builder(config, source)`, `moe_dag/settings/`), which its body calls too. The
+orchestration room turns these into code versions and automation conditions
+(`moe_dag/orchestration/automation.py`) and into the order `moe-dag run` materialises stages in
+(`moe_dag/orchestration/pipeline.py`), so each fact is stated once, beside the asset; the UI shows them
+in the asset's metadata.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import pkgutil
 from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
 
 from moe_dag.operations.refresh import Refresh
+from moe_dag.settings.stage import SettingsBuilder
 
 STAGE_VERSION = "moe_dag/stage_version"
-CONFIG_READS = "moe_dag/config_reads"
+SETTINGS = "moe_dag/settings"  # the settings builder, as module:name
 STARTED_BY = "moe_dag/started_by"
 REFRESH = "moe_dag/refresh"  # on-demand assets: {"population": asset, "threshold": config path}
 AUTOMATION = "automation"
@@ -33,19 +36,20 @@ FOLLOW_UPSTREAM = (
 
 
 def operated(
-    version: int, *config_reads: str, started_by: str = AUTOMATION, refresh: Refresh | None = None
+    version: int, settings: SettingsBuilder, started_by: str = AUTOMATION, refresh: Refresh | None = None
 ) -> dict[str, Any]:
-    """Asset metadata: stage `version`, the `config_reads` paths, what starts it (`automation`, or the
-    name of the sensor that does), and for an on-demand asset the policy that says when new upstream
-    data is enough to run it again (`moe_dag/operations/refresh.py`)."""
-    declared = {STAGE_VERSION: str(version), CONFIG_READS: list(config_reads), STARTED_BY: started_by}
+    """Asset metadata: stage `version`, the builder of its `settings` object, what starts it
+    (`automation`, or the name of the sensor that does), and for an on-demand asset the policy that says
+    when new upstream data is enough to run it again (`moe_dag/operations/refresh.py`)."""
+    builder = f"{settings.__module__}:{settings.__qualname__}"
+    declared = {STAGE_VERSION: str(version), SETTINGS: builder, STARTED_BY: started_by}
     return declared | ({REFRESH: dataclasses.asdict(refresh)} if refresh else {})
 
 
 @dataclass(frozen=True)
 class Operation:
     version: str
-    config_reads: list[str]
+    settings: SettingsBuilder
     started_by: str
     refresh: Refresh | None
 
@@ -69,7 +73,7 @@ def operation(spec: dg.AssetSpec) -> Operation:
     refresh = getattr(value, "value", value)
     return Operation(
         declared(STAGE_VERSION),
-        list(declared(CONFIG_READS)),
+        pkgutil.resolve_name(declared(SETTINGS)),
         declared(STARTED_BY),
         Refresh(**refresh) if refresh else None,
     )

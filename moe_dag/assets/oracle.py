@@ -12,6 +12,7 @@ from moe_dag.operations.bounds import oracle_failure_violation
 from moe_dag.operations.refresh import Refresh
 from moe_dag.quality.heads import calibration_sample_size
 from moe_dag.quality.oracle import LabelCache, label_documents, requests_from_table, sample_slice
+from moe_dag.settings.quality import oracle_label_settings, oracle_sample_settings
 
 FAILURE_RATE = "failure_rate_within_bound"
 
@@ -22,11 +23,8 @@ FAILURE_RATE = "failure_rate_within_bound"
     deps=["toxicity_filtered"],
     metadata=operated(
         1,
-        "oracle.per_source",
-        "oracle.seed",
-        "calibration",
-        "sources.keep_rate",
-        refresh=Refresh(population="toxicity_filtered", threshold="refresh.relabel_after_change"),
+        oracle_sample_settings,
+        refresh=Refresh(population="toxicity_filtered", threshold="relabel_after_change"),
     ),
 )
 def oracle_sample(pipeline: PipelineResource) -> dg.MaterializeResult:
@@ -36,26 +34,26 @@ def oracle_sample(pipeline: PipelineResource) -> dg.MaterializeResult:
     is sized from the configured keep-rate precision (`calibration` in the config), each source on its
     own.
     """
-    config, lake = pipeline.config, pipeline.lake
+    settings, lake = oracle_sample_settings(pipeline.config), pipeline.lake
     to_label, to_calibrate, counts = [], [], {}
-    for source in config.sources:
+    for source, keep_rate in settings.keep_rates.items():
         # The language (where language ID ran) travels along: thresholds are calibrated per language.
-        language = ["language"] if source.languages is not None else []
+        language = ["language"] if settings.language_id[source] else []
         columns = ["id", "text", "source", *language]
-        needed = calibration_sample_size(source.keep_rate, config.calibration)
+        needed = calibration_sample_size(keep_rate, settings.calibration)
         # Drawn by Ray tasks per file: only the drawn documents come into this process.
         labelled, calibration = sample_slice(
             lake,
             "toxicity_filtered",
-            source.name,
+            source,
             columns,
-            config.oracle.per_source,
+            settings.per_source,
             needed,
-            config.oracle.seed,
+            settings.seed,
         )
         to_label.append(labelled)
         to_calibrate.append(calibration)
-        counts[source.name] = {
+        counts[source] = {
             "labelled": labelled.num_rows,
             "calibration": calibration.num_rows,
             "needed": needed,
@@ -77,7 +75,7 @@ def oracle_sample(pipeline: PipelineResource) -> dg.MaterializeResult:
     group_name="quality",
     kinds={"parquet"},
     deps=["oracle_sample"],
-    metadata=operated(1, "oracle", "sources.kind"),
+    metadata=operated(1, oracle_label_settings),
     pool="gpu",
     # A server that is down or overloaded: try the whole stage again after 10, 20, 40 s (the label cache
     # keeps what earlier tries paid for). Single requests are retried inside `label_documents`.
@@ -100,11 +98,11 @@ def oracle_labels(context: dg.AssetExecutionContext, pipeline: PipelineResource)
     new ones are committed to the cache in batches as they arrive, so a killed run resumes. Documents
     the oracle could not label go to `oracle_label_failures` with their error and raw replies.
     """
-    config, lake = pipeline.config, pipeline.lake
-    requests = requests_from_table(lake.read_table("oracle_sample"), config.source_kinds)
-    oracle = pipeline.oracle()
+    settings, lake = oracle_label_settings(pipeline.config), pipeline.lake
+    requests = requests_from_table(lake.read_table("oracle_sample"), settings.kinds)
+    oracle = pipeline.oracle(settings)
     started = time.perf_counter()
-    report = label_documents(requests, oracle, LabelCache(lake), config.oracle.labelling)
+    report = label_documents(requests, oracle, LabelCache(lake), settings.labelling)
     seconds = time.perf_counter() - started
     lake.write_table(report.labels, "oracle_labels")
     lake.write_table(report.failures, "oracle_label_failures")
@@ -115,7 +113,7 @@ def oracle_labels(context: dg.AssetExecutionContext, pipeline: PipelineResource)
     if report.failures.num_rows:
         context.log.warning(f"first labelling failure: {report.failures['error'][0].as_py()}")
     mean_quality = pa.TableGroupBy(report.labels, "source").aggregate([("quality", "mean")]).to_pylist()
-    bound = config.oracle.max_failure_rate
+    bound = settings.max_failure_rate
     return dg.MaterializeResult(
         metadata={
             "oracle": oracle.model_name,

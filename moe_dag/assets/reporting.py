@@ -107,10 +107,12 @@ def decision_result(
     pipeline: PipelineResource,
     run: StageRun,
     upstream: str,
+    checks: ChecksConfig,
     extra: dict | None = None,
     bounds: str | None = None,
 ) -> dg.MaterializeResult:
-    """Metadata and checks of a stage whose rows carry `keep`/`reason` (see `decision_check_specs`).
+    """Metadata and checks of a stage whose rows carry `keep`/`reason` (see `decision_check_specs`), held
+    to the bounds in `checks` (those of the stage's settings object).
 
     The reconciliation counts the stage's rows three ways: its completion records, its own parquet
     files, and the kept rows of `upstream`'s parquet files (what the stage should have received)."""
@@ -150,24 +152,25 @@ def decision_result(
             f"rows_of_{upstream}": upstream_rows,
         },
     )
+    # Only the wording of a failed check: the config keys that govern each reason, named for the reader.
     settings = pipeline.config.reason_settings(run.stage, source)
     emptied = emptied_source(run.stage, source, reasons, rows_in, kept, settings)
     if emptied:
         context.log.warning(emptied)
         metadata["emptied_source"] = emptied
     by_language = language_counts(lake, run.stage, source)
-    lost = lost_languages(run.stage, source, by_language, pipeline.config.checks)
+    lost = lost_languages(run.stage, source, by_language, checks)
     for problem in lost:
         context.log.warning(problem)
     kept_by_language = {language: {"in": n, "kept": k} for language, (n, k) in by_language.items()}
-    checks = [
+    results = [
         reconciled,
         problems_result(NOT_EMPTIED, [emptied] if emptied else [], {"kept": kept}),
         problems_result(LANGUAGES_KEPT, lost, {"kept_by_language": dg.MetadataValue.json(kept_by_language)}),
     ]
     if bounds is not None:
-        checks.append(_bound_result(bounds, run, reasons, pipeline.config.checks, settings))
-    return dg.MaterializeResult(metadata=metadata, check_results=checks)
+        results.append(_bound_result(bounds, run, reasons, checks, settings))
+    return dg.MaterializeResult(metadata=metadata, check_results=results)
 
 
 def _bound_result(

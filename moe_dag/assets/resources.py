@@ -12,6 +12,7 @@ from moe_dag.config import PipelineConfig, load_config
 from moe_dag.engine import RayConfig, ShardInput, StageRun, StageSpec, connect, run_stage
 from moe_dag.engine.cluster import DEFAULT_MIN_BLOCK_ROWS
 from moe_dag.quality.oracle import OpenAICompatibleOracle, Oracle, RuleBasedOracle, VLLMEngineOracle
+from moe_dag.settings.quality import OracleLabelSettings
 from moe_dag.storage.catalog import Catalog
 from moe_dag.storage.lake import Lake
 
@@ -38,8 +39,8 @@ class PipelineResource(dg.ConfigurableResource):
     def catalog(self) -> Catalog:
         return Catalog(self.config.catalog_path, self.lake)
 
-    def oracle(self) -> Oracle:
-        settings = self.config.oracle
+    def oracle(self, settings: OracleLabelSettings) -> Oracle:
+        """The oracle client `settings` (oracle_labels' settings object) choose."""
         if settings.backend == "openai":
             return OpenAICompatibleOracle(settings.openai)
         if settings.backend == "vllm":

@@ -20,6 +20,8 @@ from moe_dag.engine import StageSpec
 from moe_dag.operations.bounds import keep_rate_violation
 from moe_dag.quality.heads import load_heads
 from moe_dag.quality.work import ScoringWork
+from moe_dag.settings.quality import scoring_settings
+from moe_dag.settings.stage import work_digest
 
 KEEP_RATE = "keep_rate_on_target"
 
@@ -37,7 +39,7 @@ RESCORE_ON_NEW_HEADS = (
     group_name="quality",
     kinds={"pytorch", "parquet", "ray"},
     deps=["toxicity_filtered", "quality_heads"],
-    metadata=operated(1, "backbone", "sources.keep_rate", "calibration.keep_rate_tolerance"),
+    metadata=operated(1, scoring_settings),
     automation_condition=FOLLOW_UPSTREAM.ignore(dg.AssetSelection.assets("quality_heads"))
     | RESCORE_ON_NEW_HEADS,
     pool="gpu",
@@ -53,7 +55,8 @@ RESCORE_ON_NEW_HEADS = (
 def scored_documents(
     context: dg.AssetExecutionContext, pipeline: PipelineResource, ray: RayResource
 ) -> dg.MaterializeResult:
-    source, config = context.partition_key, pipeline.config
+    source = context.partition_key
+    settings = scoring_settings(pipeline.config, source)
     # Each scoring actor (on any node) reads its own local copy of the published heads.
     heads_dir = pipeline.lake.artifact("quality_heads")
     stored = load_heads(heads_dir)
@@ -66,7 +69,7 @@ def scored_documents(
         make_work=functools.partial(ScoringWork, heads_dir, source),
         # Shards scored by the current heads with the current thresholds are not scored again; a new
         # heads version or new thresholds rescore every shard.
-        params=repr((stored.version, stored.thresholds[source])),
+        params=repr((work_digest(settings), stored.version, stored.thresholds[source])),
         warm=True,  # backbone and heads load once per worker process
         num_gpus=ray.scoring_gpus,
     )
@@ -79,6 +82,7 @@ def scored_documents(
         pipeline,
         run,
         "toxicity_filtered",
+        settings.checks,
         {
             "heads_version": stored.version,
             "early_exit_rate": round(counts.get("early_exits", 0) / documents, 4),
@@ -86,7 +90,7 @@ def scored_documents(
             "layer_compute_saved": round(counts.get("layer_compute_saved", 0.0) / documents, 4),
         },
     )
-    target, tolerance = config.source(source).keep_rate, config.calibration.keep_rate_tolerance
+    target, tolerance = settings.keep_rate, settings.keep_rate_tolerance
     off_target = keep_rate_violation(
         source, counts.get("kept", 0), counts.get("documents", 0), target, tolerance
     )

@@ -11,6 +11,8 @@ from moe_dag.assets.resources import PipelineResource, RayResource
 from moe_dag.curation.filters import build_toxicity_filters
 from moe_dag.curation.work import FilterWork
 from moe_dag.engine import StageSpec
+from moe_dag.settings.curation import toxicity_settings
+from moe_dag.settings.stage import work_digest
 
 
 @dg.asset(
@@ -18,30 +20,28 @@ from moe_dag.engine import StageSpec
     group_name="curation",
     kinds={"parquet", "ray"},
     deps=["deduplicated"],
-    metadata=operated(
-        1,
-        "toxicity",
-        "sources.kind",
-        "sources.toxicity",
-        "checks.max_drop_share",
-        "checks.max_drop_share_by_source.{source}",
-    ),
+    metadata=operated(1, toxicity_settings),
     check_specs=decision_check_specs("toxicity_filtered", DROP_SHARE),
 )
 def toxicity_filtered(
     context: dg.AssetExecutionContext, pipeline: PipelineResource, ray: RayResource
 ) -> dg.MaterializeResult:
-    source = pipeline.config.source(context.partition_key)
-    config = pipeline.config.toxicity_for(source)
-    make_filters = functools.partial(build_toxicity_filters, config, source.kind)
+    settings = toxicity_settings(pipeline.config, context.partition_key)
+    make_filters = functools.partial(build_toxicity_filters, settings.filters, settings.kind)
     spec = StageSpec(
         outputs=("toxicity_filtered",),
         make_work=functools.partial(FilterWork, "toxicity_filtered", make_filters),
-        params=repr((config, source.kind)),
+        params=work_digest(settings),
         warm=True,  # the classifier loads once per worker process
     )
     run = run_source_stage(context, pipeline, ray, spec, "deduplicated")
     filters = run.counts.get("filters", {})
     return decision_result(
-        context, pipeline, run, "deduplicated", {"filters": dg.MetadataValue.json(filters)}, DROP_SHARE
+        context,
+        pipeline,
+        run,
+        "deduplicated",
+        settings.checks,
+        {"filters": dg.MetadataValue.json(filters)},
+        DROP_SHARE,
     )

@@ -9,7 +9,6 @@ from moe_dag.assets.evaluation import SET_DOCUMENTS_STAGE, evaluation_set_dirs
 from moe_dag.assets.operating import operated
 from moe_dag.assets.resources import PipelineResource
 from moe_dag.assets.training_runs import (
-    TRAINING_CHECK_READS,
     bits_per_byte_plot,
     evaluation_rows,
     latest_run,
@@ -21,6 +20,9 @@ from moe_dag.assets.training_runs import (
     training_check_results,
     training_check_specs,
 )
+from moe_dag.mixture.neutral import EvaluationConfig
+from moe_dag.settings.training import proxy_eval_settings, proxy_settings
+from moe_dag.storage.lake import Lake
 from moe_dag.training.eval_sets import evaluate_on_sets
 from moe_dag.training.evaluate import resolve_device
 
@@ -40,7 +42,7 @@ EVAL_COLUMNS = {
     group_name="training",
     kinds={"pytorch"},
     deps=["tokenized_mixture"],
-    metadata=operated(1, "training", *TRAINING_CHECK_READS),
+    metadata=operated(1, proxy_settings),
     pool="gpu",
     check_specs=training_check_specs("moe_proxy"),
 )
@@ -50,13 +52,13 @@ def moe_proxy(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> 
     device it trained on. Loss, expert-load and source-share plots from its metrics."""
     lake = pipeline.lake
     data_dir = lake.artifact_dir("tokenized_mixture")
-    launch = pipeline.config.training
+    settings = proxy_settings(pipeline.config)
     with lake.writing_artifact("moe_proxy") as runs:
-        out_dir = run_dir_for(data_dir, launch, runs)
-        metadata = launch_training(context, launch, data_dir, out_dir, eval_on=data_dir)
+        out_dir = run_dir_for(data_dir, settings.training, runs)
+        metadata = launch_training(context, settings.training, data_dir, out_dir, eval_on=data_dir)
     return dg.MaterializeResult(
         metadata={**metadata, **run_plots(out_dir)},
-        check_results=training_check_results(out_dir, pipeline.config.checks),
+        check_results=training_check_results(out_dir, settings.checks),
     )
 
 
@@ -65,7 +67,7 @@ def moe_proxy(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> 
     kinds={"pytorch", "parquet"},
     deps=["moe_proxy", "evaluation_sets"],
     pool="duckdb_catalog",
-    metadata=operated(2, "evaluation"),
+    metadata=operated(2, proxy_eval_settings),
 )
 def proxy_eval(pipeline: PipelineResource) -> dg.MaterializeResult:
     """Held-out loss and bits per byte of the proxy per source, each with its document count and a 95%
@@ -76,7 +78,7 @@ def proxy_eval(pipeline: PipelineResource) -> dg.MaterializeResult:
     run_dir = latest_run(lake.artifact_dir("moe_proxy"))
     report = read_evaluation(run_dir)
     lake.write_table(pa.Table.from_pylist(evaluation_rows(report)), "proxy_eval")
-    sets = scored_sets(run_dir, pipeline)
+    sets = scored_sets(run_dir, lake, proxy_eval_settings(pipeline.config).evaluation)
     set_rows = [
         {"eval_set": name, **row} for name, figures in sets.items() for row in evaluation_rows(figures, True)
     ]
@@ -109,9 +111,11 @@ def proxy_eval(pipeline: PipelineResource) -> dg.MaterializeResult:
     )
 
 
-def scored_sets(run_dir: Path, pipeline: PipelineResource, checkpoints: int = 1) -> dict[str, dict]:
+def scored_sets(
+    run_dir: Path, lake: Lake, evaluation: EvaluationConfig, checkpoints: int = 1
+) -> dict[str, dict]:
     """The run's newest checkpoint scored on every evaluation set (`evaluation_sets` must have run)."""
-    sets = evaluation_set_dirs(pipeline)
+    sets = evaluation_set_dirs(lake, evaluation)
     missing = [name for name, folder in sets.items() if not (folder / "heldout.parquet").exists()]
     if missing:
         raise dg.Failure(f"evaluation sets {missing} are not tokenised yet: materialise evaluation_sets")

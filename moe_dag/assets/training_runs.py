@@ -109,14 +109,6 @@ def launch_training(
     return dict(invocation.get_materialize_result().metadata)
 
 
-# The check bounds a training asset is held to: part of its code version, so a changed bound rechecks it.
-TRAINING_CHECK_READS = (
-    "checks.loss_window_fraction",
-    "checks.min_loss_drop_fraction",
-    "checks.max_expert_load_over_mean",
-)
-
-
 def training_check_specs(asset: str) -> list[dg.AssetCheckSpec]:
     return [
         dg.AssetCheckSpec(

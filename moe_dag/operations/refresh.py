@@ -34,7 +34,7 @@ class RefreshConfig:
 @dataclass(frozen=True)
 class Refresh:
     """What an on-demand asset's policy watches: the kept documents per source of `population` (a
-    per-source upstream asset), against the share at config path `threshold`."""
+    per-source upstream asset), against the share in the `threshold` field of the config's `refresh`."""
 
     population: str
     threshold: str

@@ -1,10 +1,11 @@
 """How the assets are operated: code versions, declarative automation, backfill policies, run tags.
 
-Each asset declares its stage version, the config it reads and what starts it on its own decorator
+Each asset declares its stage version, its settings builder and what starts it on its own decorator
 (`operated`, in `moe_dag/assets/operating.py`); `build_definitions` applies what follows from them here.
 
 Code versions. An asset's code version is its stage version (bump it when the stage gives other output
-for the same input) plus a digest of the config it reads. With the data versions the assets report
+for the same input) plus the digest of its settings object (`moe_dag/settings/`), the only way a stage
+reads the config. With the data versions the assets report
 (`raw_documents`: its finished shards; `quality_heads`: the heads' version) and those Dagster derives
 from code version and inputs for the others, Dagster knows which assets are stale: an upstream's data
 version or the asset's code version changed since it was built. `moe-dag run` and the UI's "Materialize
@@ -29,12 +30,12 @@ import hashlib
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import dagster as dg
 
 from moe_dag.assets.operating import FOLLOW_UPSTREAM, operation
 from moe_dag.config import PipelineConfig
+from moe_dag.settings.stage import builds_per_source, shared_digest, source_digest
 
 TAG_SOURCE = "moe_dag/source"
 TAG_CONFIG_VERSION = "moe_dag/config_version"
@@ -48,25 +49,25 @@ TAG_POPULATION = "moe_dag/population"  # kept documents per source an on-demand 
 ON_DEMAND = (dg.AutomationCondition.on_missing() | dg.AutomationCondition.code_version_changed()).with_label(
     "on_demand"
 )
-SOURCE = "{source}"  # in a declared config path: the partition's source name
 
 
 def code_version(spec: dg.AssetSpec, config: PipelineConfig) -> str:
-    """The asset's declared stage version plus a digest of the config it declares it reads. A
-    per-source asset leaves out what it reads per source: one source's settings must not make every
-    source's partition stale, so those are versioned per partition (`source_config_version`)."""
+    """The asset's declared stage version plus the digest of what every partition reads of its settings
+    object. A per-source asset leaves out each source's own settings: one source's settings must not make
+    every source's partition stale, so those are versioned per partition (`source_config_version`)."""
     declared = operation(spec)
-    partitioned = spec.partitions_def is not None
-    reads = [path for path in declared.config_reads if not (partitioned and per_source(path))]
-    if not partitioned and any(SOURCE in path for path in reads):
-        raise ValueError(f"{spec.key.to_user_string()} is not per source but reads {reads}")
-    return f"{declared.version}-{_digest([(path, config_value(config, path)) for path in reads])}"
+    if not builds_per_source(declared.settings):
+        return f"{declared.version}-{shared_digest(declared.settings(config))}"
+    shared = {shared_digest(declared.settings(config, source)) for source in config.source_names}
+    if len(shared) != 1:
+        asset = spec.key.to_user_string()
+        raise ValueError(f"{asset}'s settings hold a source's own setting in a field not marked per_source()")
+    return f"{declared.version}-{shared.pop()}"
 
 
 def source_config_version(spec: dg.AssetSpec, config: PipelineConfig, source: str) -> str:
-    """A digest of what a per-source asset reads of one source's settings."""
-    reads = [path for path in operation(spec).config_reads if per_source(path)]
-    return _digest([(path, config_value(config, path, source)) for path in reads])
+    """The digest of what a per-source asset reads of one source's own settings."""
+    return source_digest(operation(spec).settings(config, source))
 
 
 def source_config_tags(assets: Sequence[dg.AssetsDefinition], config: PipelineConfig, source: str) -> dict:
@@ -75,31 +76,9 @@ def source_config_tags(assets: Sequence[dg.AssetsDefinition], config: PipelineCo
         spec.key.to_user_string(): source_config_version(spec, config, source)
         for asset in assets
         for spec in asset.specs
-        if spec.partitions_def is not None
+        if builds_per_source(operation(spec).settings)
     }
     return {TAG_SOURCE_CONFIG: json.dumps(versions, sort_keys=True)}
-
-
-def per_source(path: str) -> bool:
-    return path.startswith("sources.") or SOURCE in path
-
-
-def config_value(config: Any, path: str, source: str | None = None) -> Any:
-    """The value at a dotted `path` of the config. `sources.<field>` is that field of `source`, or of
-    every source; `{source}` in a path stands for the source's name (a key of a per-source map)."""
-    head, _, rest = path.partition(".")
-    if head == "sources" and rest:
-        chosen = [s for s in config.sources if source is None or s.name == source]
-        values = [(s.name, config_value(s, rest)) for s in chosen]
-        return values[0][1] if source is not None else values
-    if head == SOURCE:
-        head = source
-    value = config.get(head) if isinstance(config, dict) else getattr(config, head)
-    return config_value(value, rest, source) if rest else value
-
-
-def _digest(read: Any) -> str:
-    return hashlib.blake2b(repr(read).encode(), digest_size=6).hexdigest()
 
 
 def config_version(path: str | Path) -> str:

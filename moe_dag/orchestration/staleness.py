@@ -25,7 +25,6 @@ from moe_dag.operations.refresh import Refresh, moved_sources
 from moe_dag.orchestration.automation import (
     TAG_POPULATION,
     TAG_SOURCE_CONFIG,
-    config_value,
     source_config_version,
 )
 
@@ -72,7 +71,7 @@ class Staleness:
         moved = self._moved_population(key.to_user_string(), refresh)
         if moved is None:
             return stale
-        policy = f"{refresh.threshold} = {config_value(self.config, refresh.threshold)}"
+        policy = f"refresh.{refresh.threshold} = {getattr(self.config.refresh, refresh.threshold)}"
         return (
             f"refresh: {refresh.population}'s kept documents moved past {policy}: {', '.join(moved)}"
             if moved
@@ -96,7 +95,7 @@ class Staleness:
         built = json.loads(run.tags.get(TAG_POPULATION, "{}")) if run else {}
         if refresh.population not in built:
             return None
-        share = config_value(self.config, refresh.threshold)
+        share = getattr(self.config.refresh, refresh.threshold)
         return moved_sources(built[refresh.population], self.population(refresh.population), share)
 
     def population_tags(self, assets: list[str]) -> dict[str, str]:

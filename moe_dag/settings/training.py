@@ -1,0 +1,141 @@
+"""The training group's settings: evaluation sets, tokenizer, mixtures, the proxy, the comparisons and
+the mixture search."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from moe_dag.config import PipelineConfig, TrainingLaunchConfig
+from moe_dag.mixture import MixtureConfig
+from moe_dag.mixture.neutral import EvaluationConfig
+from moe_dag.mixture.search import MixtureSearchConfig
+from moe_dag.mixture.tokenizer import TokenizerConfig
+from moe_dag.operations.bounds import ChecksConfig
+from moe_dag.settings.stage import bound
+
+
+@dataclass(frozen=True, kw_only=True)
+class NeutralSettings:
+    neutral_share: float
+    sources: list[str]
+
+
+def neutral_settings(config: PipelineConfig) -> NeutralSettings:
+    return NeutralSettings(neutral_share=config.evaluation.neutral_share, sources=config.source_names)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvaluationSetSettings:
+    evaluation: EvaluationConfig
+    seq_len: int
+    eos_token: str
+
+
+def evaluation_set_settings(config: PipelineConfig) -> EvaluationSetSettings:
+    return EvaluationSetSettings(
+        evaluation=config.evaluation, seq_len=config.mixture.seq_len, eos_token=config.mixture.eos_token
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenizerSettings:
+    tokenizer: TokenizerConfig
+    mixture: MixtureConfig  # its held-out cut never reaches the tokenizer
+    sources: list[str]
+
+
+def tokenizer_settings(config: PipelineConfig) -> TokenizerSettings:
+    return TokenizerSettings(tokenizer=config.tokenizer, mixture=config.mixture, sources=config.source_names)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MixtureSettings:
+    mixture: MixtureConfig
+    sources: list[str]
+    max_share_error: float = bound()
+
+    @property
+    def checks(self) -> ChecksConfig:
+        return ChecksConfig(max_share_error=self.max_share_error)
+
+
+def mixture_settings(config: PipelineConfig) -> MixtureSettings:
+    return MixtureSettings(
+        mixture=config.mixture, sources=config.source_names, max_share_error=config.checks.max_share_error
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class UnfilteredMixtureSettings:
+    mixture: MixtureConfig
+    sources: list[str]
+
+
+def unfiltered_mixture_settings(config: PipelineConfig) -> UnfilteredMixtureSettings:
+    return UnfilteredMixtureSettings(mixture=config.mixture, sources=config.source_names)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProxySettings:
+    training: TrainingLaunchConfig  # with the resolved preset: any training setting retrains
+    loss_window_fraction: float = bound()
+    min_loss_drop_fraction: float = bound()
+    max_expert_load_over_mean: float = bound()
+
+    @property
+    def checks(self) -> ChecksConfig:
+        return ChecksConfig(
+            loss_window_fraction=self.loss_window_fraction,
+            min_loss_drop_fraction=self.min_loss_drop_fraction,
+            max_expert_load_over_mean=self.max_expert_load_over_mean,
+        )
+
+
+def proxy_settings(config: PipelineConfig) -> ProxySettings:
+    checks = config.checks
+    return ProxySettings(
+        training=config.training,
+        loss_window_fraction=checks.loss_window_fraction,
+        min_loss_drop_fraction=checks.min_loss_drop_fraction,
+        max_expert_load_over_mean=checks.max_expert_load_over_mean,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProxyEvalSettings:
+    evaluation: EvaluationConfig  # which sets the proxy is scored on
+
+
+def proxy_eval_settings(config: PipelineConfig) -> ProxyEvalSettings:
+    return ProxyEvalSettings(evaluation=config.evaluation)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ComparisonSettings:
+    training: TrainingLaunchConfig
+    evaluation: EvaluationConfig
+
+
+def comparison_settings(config: PipelineConfig) -> ComparisonSettings:
+    return ComparisonSettings(training=config.training, evaluation=config.evaluation)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MixtureSearchSettings:
+    """One object for the search's assets: they run together, started by `moe-dag search-mixture`."""
+
+    search: MixtureSearchConfig
+    training: TrainingLaunchConfig  # the swarm's proxies start from it
+    mixture: MixtureConfig  # the configured weights, the epoch caps, the packing
+    evaluation: EvaluationConfig  # the neutral set scores every proxy
+    sources: list[str]
+
+
+def mixture_search_settings(config: PipelineConfig) -> MixtureSearchSettings:
+    return MixtureSearchSettings(
+        search=config.mixture_search,
+        training=config.training,
+        mixture=config.mixture,
+        evaluation=config.evaluation,
+        sources=config.source_names,
+    )
