@@ -23,6 +23,7 @@ DEFAULT_MIN_BLOCK_ROWS = 8_192  # 4 read batches
 # rayon: Hugging Face tokenizers' `encode_batch` in a one-CPU task started a pool of every core's threads,
 # so two tasks ran six threads on two cores, and a second worker gained nothing in tokenising.
 WORKER_ENV = {"RAYON_NUM_THREADS": "1"}
+AUTH_MODE_ENV_VAR = "RAY_AUTH_MODE"  # ray._private.authentication's switch: token or disabled
 
 
 @dataclass(kw_only=True)
@@ -67,6 +68,7 @@ def connect(config: RayConfig) -> str:
         if address:
             ray.init(address=address, runtime_env=runtime_env)
         else:
+            _choose_token_auth()
             # "local" starts a new instance even if a `ray start` cluster runs on this machine. Its
             # workers' own log lines (actor pools winding down, ...) stay in Ray's session logs: a
             # failed shard reaches the caller as an error naming its file, not as console noise.
@@ -81,6 +83,20 @@ def connect(config: RayConfig) -> str:
     resources = ray.cluster_resources()
     cpus, gpus = int(resources.get("CPU", 0)), int(resources.get("GPU", 0))
     return f"Ray at {ray.get_runtime_context().gcs_address}: {cpus} CPUs, {gpus} GPUs"
+
+
+def _choose_token_auth() -> None:
+    """Token authentication for a new local Ray, chosen here rather than by Ray's default: when
+    RAY_AUTH_MODE is unset Ray turns it on itself and warns on every start that it did, which tells the
+    user of a local Ray nothing to do. A RAY_AUTH_MODE the user set stands."""
+    if AUTH_MODE_ENV_VAR in os.environ:
+        return
+    os.environ[AUTH_MODE_ENV_VAR] = "token"
+    # Ray's config read the variable when ray was imported: read it again, as Ray does when it turns
+    # token authentication on itself (ray._private.authentication.authentication_token_setup).
+    from ray._raylet import Config
+
+    Config.initialize("")
 
 
 def cluster_cpus() -> int:
