@@ -13,6 +13,12 @@ else under `out_dir` is read outside this package):
                      document index in that source's token shards end to end); train.npy is these
                      documents back to back, cut into rows. 16 bytes a draw, where the packer once kept
                      a Python tuple of about 100.
+    sequences/part-00000.parquet
+                     the rows' documents, one line per piece of a document in a row: sequence (row of
+                     train.npy), position (the piece's first token in the row), source, document_id,
+                     token_start and token_end (the piece's span in the document's tokens, EOS included):
+                     train.npy row r is its pieces' spans of their token shards' documents, in position
+                     order. What a catalog view traces a document's tokens to the sequences with.
     heldout.parquet  source, id, tokens (list<int32>: the document's tokens + EOS), num_bytes (UTF-8 bytes
                      of its text): the documents kept out of training (and out of the tokenizer's
                      training text), for bits-per-byte evaluation; see heldout.py for how many
@@ -60,7 +66,7 @@ from moe_dag.mixture.token_shards import (
 )
 from moe_dag.mixture.tokenizer import eos_id
 from moe_dag.storage.atomic import atomic_path
-from moe_dag.storage.lake import Lake
+from moe_dag.storage.lake import PART_NAME, Lake
 
 TRAIN_FILE = "train.npy"
 HELDOUT_FILE = "heldout.parquet"
@@ -68,10 +74,23 @@ REPORT_FILE = "mixture.json"
 SHARDS_DIR = "shards"
 SOURCE_TOKENS_FILE = "train_source_tokens.npy"
 PLAN_FILE = "train_plan.npy"
+# A folder of its own, so the lake sees one table there (`tokenized_mixture/sequences` in the catalog).
+SEQUENCES_FILE = f"sequences/{PART_NAME}"
 # Tokens per packing chunk. A chunk's task holds about 20 bytes a token of gather positions (_pack_rows),
 # so 2^20 keeps a packing worker within ~25 MB of its baseline at any corpus size (2^22 took ~110 MB at 16x
 # the demo corpus), and a mixture of a few million tokens still makes enough chunks for every worker.
 PACK_CHUNK_TOKENS = 1 << 20
+
+SEQUENCES_SCHEMA = pa.schema(
+    [
+        pa.field("sequence", pa.int64(), nullable=False),
+        pa.field("position", pa.int32(), nullable=False),
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("document_id", pa.string(), nullable=False),
+        pa.field("token_start", pa.int64(), nullable=False),
+        pa.field("token_end", pa.int64(), nullable=False),
+    ]
+)
 
 HELDOUT_SCHEMA = pa.schema(
     [
@@ -241,8 +260,9 @@ def _pack(
     out_dir: Path,
 ) -> dict[str, int]:
     """Write the plan to train_plan.npy, then its documents back to back cut into `num_sequences` rows of
-    `row` tokens (the tail that does not fill a row is dropped) in train.npy, and each row's tokens per
-    source in train_source_tokens.npy. Returns the tokens each source put into train.npy.
+    `row` tokens (the tail that does not fill a row is dropped) in train.npy, each row's tokens per
+    source in train_source_tokens.npy and its documents' pieces in sequences.parquet. Returns the tokens
+    each source put into train.npy.
 
     The rows are packed in chunks, each a function of its slice of the plan alone (`_pack_chunk`): Ray
     tasks on this machine for sources in the lake, threads here for open ones (the copies are numpy
@@ -267,14 +287,17 @@ def _pack(
             high = int(np.searchsorted(starts_P, end, side="left"))
             jobs.append(_PackJob(first, rows, plan[low:high], starts_P[low:high], lengths_P[low:high]))
         in_memory = any(isinstance(shards[source], SourceTokens) for source in names)
-        counts = map_tasks(
+        packed = map_tasks(
             functools.partial(_pack_chunk, partial, row, [shards[source] for source in names]),
             jobs,
             workers=0 if in_memory else None,
             this_node=True,
             threads=True,
         )
+        counts = [chunk_counts for chunk_counts, _ in packed]
         source_tokens = np.concatenate([np.zeros((0, len(names)), dtype=np.int32), *counts])
+        pieces = pa.concat_tables([SEQUENCES_SCHEMA.empty_table(), *(chunk for _, chunk in packed)])
+        _write_parquet(pieces, out_dir / SEQUENCES_FILE)
         with atomic_path(out_dir / SOURCE_TOKENS_FILE) as counts_partial, counts_partial.open("wb") as handle:
             np.save(handle, source_tokens)
     totals = source_tokens.sum(axis=0, dtype=np.int64)
@@ -292,23 +315,53 @@ class _PackJob:
 
 def _pack_chunk(
     train_path: Path, row: int, sources: list[SourceTokens | SourceIndex], job: _PackJob
-) -> np.ndarray:
+) -> tuple[np.ndarray, pa.Table]:
     """Fill rows `job.first` onwards of the train.npy at `train_path` (made, at its full size, by the
-    caller); returns their tokens per source, [rows, sources]."""
+    caller); returns their tokens per source, [rows, sources], and their pieces (SEQUENCES_SCHEMA)."""
     train = np.load(train_path, mmap_mode="r+")
     counts_RS = np.zeros((job.rows, len(sources)), dtype=np.int32)
     rows_RT = train[job.first : job.first + job.rows]
-    _pack_rows(
-        job.plan,
-        job.starts_P,
-        job.lengths_P,
-        [s.open() for s in sources],
-        rows_RT,
-        counts_RS,
-        job.first * row,
-    )
+    opened = [s.open() for s in sources]
+    begin = job.first * row
+    _pack_rows(job.plan, job.starts_P, job.lengths_P, opened, rows_RT, counts_RS, begin)
     rows_RT.flush()
-    return counts_RS
+    return counts_RS, _row_pieces(job, opened, row, begin, begin + job.rows * row)
+
+
+def _row_pieces(job: _PackJob, sources: list[SourceTokens], row: int, begin: int, end: int) -> pa.Table:
+    """The pieces of the draws in stream positions [begin, end) cut at every row boundary: which
+    document's tokens fill which part of which row (SEQUENCES_SCHEMA)."""
+    starts_P = job.starts_P
+    low_P = np.maximum(starts_P, begin)
+    high_P = np.minimum(starts_P + job.lengths_P, end)
+    inside = high_P > low_P
+    draws = np.flatnonzero(inside)
+    first_row_P, last_row_P = low_P[draws] // row, (high_P[draws] - 1) // row
+    per_draw = last_row_P - first_row_P + 1
+    draw_Q = np.repeat(draws, per_draw)  # one entry per piece
+    sequence_Q = (
+        np.repeat(first_row_P, per_draw)
+        + np.arange(int(per_draw.sum()))
+        - np.repeat(np.cumsum(per_draw) - per_draw, per_draw)
+    )
+    piece_start_Q = np.maximum(low_P[draw_Q], sequence_Q * row)
+    piece_end_Q = np.minimum(high_P[draw_Q], (sequence_Q + 1) * row)
+    column_Q, document_Q = job.plan[draw_Q, 0], job.plan[draw_Q, 1]
+    ids = np.empty(len(draw_Q), dtype=object)
+    names = np.empty(len(draw_Q), dtype=object)
+    for column, source in enumerate(sources):
+        mine = column_Q == column
+        ids[mine] = source.ids.take(pa.array(document_Q[mine])).to_numpy(zero_copy_only=False)
+        names[mine] = source.source
+    columns = {
+        "sequence": sequence_Q,
+        "position": (piece_start_Q - sequence_Q * row).astype(np.int32),
+        "source": pa.array(names, pa.string()),
+        "document_id": pa.array(ids, pa.string()),
+        "token_start": piece_start_Q - starts_P[draw_Q],
+        "token_end": piece_end_Q - starts_P[draw_Q],
+    }
+    return pa.table(columns, schema=SEQUENCES_SCHEMA)
 
 
 def _pack_rows(

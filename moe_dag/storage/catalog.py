@@ -20,6 +20,10 @@ from fsspec.implementations.dirfs import DirFileSystem
 from moe_dag.storage.lake import Lake
 from moe_dag.storage.schema import DUPLICATE_REASONS, LANGUAGE_NOT_ACCEPTED
 
+# Each mixture's packed rows -> (document, token span), written beside its train.npy by the packing
+# (moe_dag/mixture/build.py, SEQUENCES_FILE): the views `tokenized_mixture_sequences` and
+# `unfiltered_mixture_sequences`.
+MIXTURE_SEQUENCE_STAGES = ("tokenized_mixture/sequences", "unfiltered_mixture/sequences")
 # Stage name -> whether it is written per source. Order is the order documents flow through.
 LAKE_STAGES = {
     "raw_documents": True,
@@ -39,6 +43,7 @@ LAKE_STAGES = {
     "evaluation_documents": False,  # the neutral and user evaluation sets' documents
     "proxy_eval_sets": False,  # the proxy on those sets
     "mixture_search": False,  # the mixture search's candidates, proposal and configured mixture
+    **dict.fromkeys(MIXTURE_SEQUENCE_STAGES, False),
 }
 DECISION_STAGES = ["prefiltered", "deduplicated", "toxicity_filtered", "scored_documents"]
 FUNNEL_STAGES = ["raw_documents", *DECISION_STAGES]
@@ -67,6 +72,15 @@ WHERE p.reason IS DISTINCT FROM '{LANGUAGE_NOT_ACCEPTED}'
   AND coalesce(d.reason, '') NOT IN ({", ".join(f"'{reason}'" for reason in DUPLICATE_REASONS)})
 GROUP BY ALL ORDER BY p.source, language
 """
+
+
+def view_name(stage: str) -> str:
+    """The catalog's view of a lake stage: its name, with a folder's `/` as `_` (`tokenized_mixture/
+    sequences` is the view `tokenized_mixture_sequences`)."""
+    return stage.replace("/", "_")
+
+
+STAGE_OF_VIEW = {view_name(stage): stage for stage in LAKE_STAGES}
 
 
 def funnel_sql() -> str:
@@ -100,8 +114,8 @@ class Catalog:
                 pattern = self.lake.glob_pattern(stage, partitioned)
                 if not self.lake.fs.glob(pattern.split("://", 1)[-1]):
                     continue
-                con.execute(f"CREATE OR REPLACE VIEW {stage} AS {_stage_select(pattern)}")
-                created.append(stage)
+                con.execute(f"CREATE OR REPLACE VIEW {view_name(stage)} AS {_stage_select(pattern)}")
+                created.append(view_name(stage))
         return created
 
     def write_stage_funnel(self) -> list[tuple]:
@@ -166,9 +180,10 @@ class Catalog:
         for name, sql in con.execute(
             "SELECT view_name, sql FROM duckdb_views() WHERE NOT internal"
         ).fetchall():
+            stage = STAGE_OF_VIEW.get(name, name)
             for partitioned in (True, False):
-                if sql_literal(self.lake.glob_pattern(name, partitioned)) in sql:
-                    pattern = f"{LAKE_PROTOCOL}://{name}/{'source=*/' if partitioned else ''}*.parquet"
+                if sql_literal(self.lake.glob_pattern(stage, partitioned)) in sql:
+                    pattern = f"{LAKE_PROTOCOL}://{stage}/{'source=*/' if partitioned else ''}*.parquet"
                     con.execute(f"CREATE TEMP VIEW {name} AS {_stage_select(pattern)}")
         # DuckDB reads a registered Python filesystem's file objects from several threads at once, and
         # fsspec's file objects are not safe for that: interleaved seeks and reads come back short ("Out
