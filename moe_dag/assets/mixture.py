@@ -15,10 +15,12 @@ from moe_dag.operations.bounds import share_error_violations, untrained_sources
 from moe_dag.operations.plots import bars_png, png_markdown
 from moe_dag.operations.refresh import Refresh
 from moe_dag.settings.training import mixture_settings, tokenizer_settings
+from moe_dag.storage.catalog import MIXTURE_SEQUENCE_STAGES
 
 WEIGHTED_SOURCES_TRAINED = "weighted_sources_trained"
 # The mixture follows new scored documents when some source's kept documents moved past a share.
 REMIX = Refresh(population="scored_documents", threshold="remix_after_change")
+SEQUENCES_STAGE = MIXTURE_SEQUENCE_STAGES[0]  # the curated mixture's sequence map
 
 
 @dg.asset(
@@ -52,6 +54,7 @@ def tokenizer(pipeline: PipelineResource, ray: RayResource) -> dg.MaterializeRes
     kinds={"numpy", "ray"},
     deps=["tokenizer", "scored_documents", "neutral_documents"],
     metadata=operated(1, mixture_settings, refresh=REMIX),
+    pool="duckdb_catalog",  # it registers its sequence map in the catalog, which takes one writer at a time
     check_specs=[
         dg.AssetCheckSpec(
             "target_shares_met",
@@ -71,7 +74,8 @@ def tokenizer(pipeline: PipelineResource, ray: RayResource) -> dg.MaterializeRes
 def tokenized_mixture(
     context: dg.AssetExecutionContext, pipeline: PipelineResource, ray: RayResource
 ) -> dg.MaterializeResult:
-    """Packed training sequences drawn by the sources' mixture weights, plus held-out documents."""
+    """Packed training sequences drawn by the sources' mixture weights, plus held-out documents; the
+    catalog view `tokenized_mixture_sequences` maps each sequence to its documents' token spans."""
     lake, settings = pipeline.lake, mixture_settings(pipeline.config)
     report, out_dir = build_curated_mixture(
         lake,
@@ -79,6 +83,7 @@ def tokenized_mixture(
         settings.mixture,
         lambda spec, source, inputs: ray.run_stage(context, spec, lake, source, inputs),
     )
+    pipeline.catalog.refresh({SEQUENCES_STAGE: False})
     for warning in report["warnings"]:
         context.log.warning(f"tokenized_mixture: {warning}")
     shares = report["sources"]
