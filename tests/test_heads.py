@@ -298,9 +298,11 @@ def test_calibration_lands_on_the_keep_rate_on_new_documents(keep_rate):
 
 def test_exit_bound_holds_at_its_confidence():
     """The exit sets' bound is exact and their sizes tested in a fixed order, so on new documents the
-    share the judge would decide otherwise passes 1% for at most 10% of calibrations (90% confidence);
-    in 60 calibrations the share running over may reach 15% by chance. (Taking the largest set that
-    passes an approximate bound anywhere ran over in up to 44% of calibrations.)"""
+    share the judge would decide otherwise passes 1% for at most 10% of calibrations (90% confidence).
+    Measured over 600 calibrations (this test's loop at seeds 7 to 16): 3.5% of the drop side's exit sets
+    ran over and 6.0% of the keep side's (standard error 1.0%), so the promised 10% holds with four
+    standard errors to spare; seed 7's 60 calibrations give 2 and 3. (Taking the largest set that passes
+    an approximate bound anywhere ran over in up to 44% of calibrations.)"""
     config, keep_rate = CalibrationConfig(), 0.5
     rng = np.random.default_rng(7)
     fresh_probe, fresh_judge = _population(200_000, rng)
@@ -316,7 +318,7 @@ def test_exit_bound_holds_at_its_confidence():
                 over[side].append(np.mean(overturned[exited]) > config.max_exit_error)
     for side, runs_over in over.items():
         assert len(runs_over) >= 40, side  # both sides exit in most calibrations
-        assert np.mean(runs_over) <= 0.15, side
+        assert np.mean(runs_over) <= 0.10, side
 
 
 def test_keep_exits_off_leaves_every_kept_document_to_the_judge():
