@@ -113,12 +113,13 @@ ui: runtime
 	$(BIN)/dagster dev -h 127.0.0.1 -p 3000
 
 # Every benchmark through benchmarks/run_all.py, which records each one's last JSON line with the date,
-# commit and machine under benchmarks/results/ and regenerates the table in docs/benchmarks.md.
+# commit and machine under benchmarks/results/ and regenerates the table in docs/benchmarks.md. Benchmarks
+# run as modules of the benchmarks package, never as scripts (benchmarks/__init__.py says why).
 # BENCH=scoring (or BENCH="scoring moe_layer") runs some; BENCH_ARGS go to the scripts.
 BENCH ?=
 BENCH_ARGS ?=
 bench: setup
-	$(BIN)/python benchmarks/run_all.py $(BENCH) $(if $(BENCH_ARGS),-- $(BENCH_ARGS))
+	$(BIN)/python -m benchmarks.run_all $(BENCH) $(if $(BENCH_ARGS),-- $(BENCH_ARGS))
 
 lint: setup
 	$(BIN)/ruff check .

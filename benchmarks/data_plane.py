@@ -85,8 +85,8 @@ def lake_with(work: Path, corpus: Path, copies: int) -> Lake:
 
 MEASURE_RSS = """
 import resource, sys
-sys.path.insert(0, {here!r})
-from data_plane import SOURCE, prefilter_spec
+sys.path.insert(0, {root!r})
+from benchmarks.data_plane import SOURCE, prefilter_spec
 from moe_dag.engine import run_stage, upstream_inputs
 from moe_dag.storage.lake import Lake
 lake = Lake({lake!r})
@@ -96,7 +96,7 @@ print(run.counts["documents"], resource.getrusage(resource.RUSAGE_SELF).ru_maxrs
 
 
 def peak_rss_mib(lake: Lake) -> tuple[int, float]:
-    script = MEASURE_RSS.format(here=str(Path(__file__).parent), lake=lake.url)
+    script = MEASURE_RSS.format(root=str(Path(__file__).resolve().parent.parent), lake=lake.url)
     out = subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True).stdout
     documents, kib = out.split()[-2:]
     return int(documents), int(kib) / 1024

@@ -32,7 +32,7 @@ rensa's, both after the same vectorised shingling; this decides which `compute_s
 `--s-curve-png PATH` it writes the S-curve: measured and predicted probability of being paired against
 true Jaccard.
 
-    .venv/bin/python benchmarks/dedup.py [--documents 3000] [--sample 2000] [--s-curve-png PATH]
+    .venv/bin/python -m benchmarks.dedup [--documents 3000] [--sample 2000] [--s-curve-png PATH]
 
 Needs the `bench` extra (`make bench` installs it). Last line: one JSON object.
 """

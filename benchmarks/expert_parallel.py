@@ -10,7 +10,7 @@ process is what expert parallelism costs on one machine (all-to-all, a host sync
 smaller batches); on GPUs each process has its own device. `demo_training_seconds` = 300 steps at the
 measured step time, the training part of `make demo`.
 
-    .venv/bin/python benchmarks/expert_parallel.py [--steps 20] [--warmup 3]
+    .venv/bin/python -m benchmarks.expert_parallel [--steps 20] [--warmup 3]
 
 Last line: one JSON object with keys bench, device, one_process_s_per_step, ep2_s_per_step, ratio,
 demo_training_seconds_one_process, demo_training_seconds_ep2.

@@ -11,7 +11,7 @@ Figures: documents per second per core (CPU time of this single-threaded process
 alternating runs), their ratio, and agreement of the keep decisions overall (all four families keep)
 and per family. Needs the `bench` extra.
 
-    .venv/bin/python benchmarks/filters.py [--limit N] [--repeats 2]
+    .venv/bin/python -m benchmarks.filters [--limit N] [--repeats 2]
 
 Prints human-readable lines, then as the last line one JSON object with the figures.
 """

@@ -10,7 +10,7 @@ again on the same instance. Baseline: the full run, in the same script.
   every per-source stage that decides (goal 0);
 - `assets_rematerialised`: what the second run materialised, as asset[partition].
 
-    .venv/bin/python benchmarks/incremental.py [--source prose] [--documents 50] [--keep DIR]
+    .venv/bin/python -m benchmarks.incremental [--source prose] [--documents 50] [--keep DIR]
 
 Takes the time of two pipeline runs (about 25 minutes on two loaded cores). Last line: one JSON object.
 """

@@ -10,7 +10,7 @@ measured beside them, each alone: py3langid 0.4 (142 languages), and, when insta
 overall and per language, the languages each gets right at >= 0.8 that lid.176 does not, and documents
 per second per core (CPU time, single thread, best of `--repeats`).
 
-    .venv/bin/python benchmarks/language_id.py [--repeats 3] [--min-messages 150]
+    .venv/bin/python -m benchmarks.language_id [--repeats 3] [--min-messages 150]
 
 Prints a table, then as the last line one JSON object with the figures.
 """

@@ -17,7 +17,7 @@ Threads: by default each demo training worker's share of this machine's cores, a
 expert-parallel workers). `--threads N` measures another count; at demo sizes the layer's products and
 elementwise steps are too small to gain much from a second thread, while the dense floor's products do.
 
-    .venv/bin/python benchmarks/moe_layer.py [--repeats 20] [--batch 16] [--threads N]
+    .venv/bin/python -m benchmarks.moe_layer [--repeats 20] [--batch 16] [--threads N]
 
 Last line: one JSON object with keys bench, grouped_ms, loop_ms, ratio, dense_equivalent_ms,
 efficiency_vs_dense.

@@ -5,7 +5,7 @@ The final loss is the mean of the last 10 steps; the gap is |recipe - fp32|. Goa
 within 0.1 of fp32 (DeepSeek-V3 reports under 0.25% relative loss error for its FP8 recipe at scale).
 On a CPU, bf16 and the emulation are slower than fp32: this measures numerics, not speed.
 
-    .venv/bin/python benchmarks/precision.py [--steps 200] [--batch-size 16]
+    .venv/bin/python -m benchmarks.precision [--steps 200] [--batch-size 16]
 
 Last line: one JSON object with keys bench, loss_gap_bf16, loss_gap_fp8.
 """

@@ -13,10 +13,10 @@ on a shared machine the load is the first thing to look at when two records disa
 Then the table between the markers in docs/benchmarks.md is rebuilt from the newest record of every
 benchmark (text outside the markers is left as it is); a benchmark never recorded shows as such.
 
-    .venv/bin/python benchmarks/run_all.py                     # every benchmark (make bench)
-    .venv/bin/python benchmarks/run_all.py scoring moe_layer   # some (make bench BENCH=scoring)
-    .venv/bin/python benchmarks/run_all.py scoring -- --documents 200   # arguments for the scripts
-    .venv/bin/python benchmarks/run_all.py --table-only        # only regenerate the table
+    .venv/bin/python -m benchmarks.run_all                     # every benchmark (make bench)
+    .venv/bin/python -m benchmarks.run_all scoring moe_layer   # some (make bench BENCH=scoring)
+    .venv/bin/python -m benchmarks.run_all scoring -- --documents 200   # arguments for the scripts
+    .venv/bin/python -m benchmarks.run_all --table-only        # only regenerate the table
 """
 
 from __future__ import annotations
@@ -45,17 +45,24 @@ MAX_FIGURES = 12
 
 
 def benchmark_names() -> list[str]:
-    return sorted(path.stem for path in BENCHMARKS.glob("*.py") if path.stem != Path(__file__).stem)
+    not_benchmarks = {Path(__file__).stem, "__init__"}
+    return sorted(path.stem for path in BENCHMARKS.glob("*.py") if path.stem not in not_benchmarks)
+
+
+def module_command(name: str, script_args: list[str]) -> list[str]:
+    """`python -m benchmarks.NAME`, run from the folder above the package, so that no benchmark's module
+    name can hide an installed package (benchmarks/__init__.py)."""
+    return [sys.executable, "-m", f"{BENCHMARKS.name}.{name}", *script_args]
 
 
 def run_benchmark(name: str, script_args: list[str]) -> tuple[dict | None, list[str], float]:
     """Run one script, echoing its output; return its last line parsed as a JSON object (None when the
     script failed or its last line is not one), the command and the wall time."""
-    command = [sys.executable, str(BENCHMARKS / f"{name}.py"), *script_args]
+    command = module_command(name, script_args)
     start = time.perf_counter()
     last_line = ""
     with subprocess.Popen(
-        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+        command, cwd=BENCHMARKS.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
     ) as process:
         assert process.stdout is not None
         for line in process.stdout:
@@ -107,7 +114,7 @@ def record(name: str, result: dict, command: list[str], wall_s: float, load_befo
         "commit": git("rev-parse", "HEAD"),
         "dirty": git("diff", "HEAD", "--name-only").splitlines(),
         "machine": machine(load_before),
-        "command": ["python", f"benchmarks/{name}.py", *command[2:]],
+        "command": ["python", *command[1:]],
         "wall_s": round(wall_s, 1),
         "result": result,
     }
@@ -227,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = []
     if not args.table_only:
         for name in args.names or benchmark_names():
-            print(f"== benchmarks/{name}.py", flush=True)
+            print(f"== python -m benchmarks.{name}", flush=True)
             load_before = os.getloadavg()
             result, command, wall_s = run_benchmark(name, script_args)
             if result is None:

@@ -171,15 +171,15 @@ def repeated_corpus(corpus: Path, sources: list[str], copies: int, folder: Path)
 
 MEASURE = r"""
 import json, sys
-sys.path.insert(0, {here!r})
-from scale import {function}
+sys.path.insert(0, {root!r})
+from benchmarks.scale import {function}
 print(json.dumps({function}(**{kwargs!r})))
 """
 
 
 def run_fresh(function: str, **kwargs: object) -> dict:
     """`function(**kwargs)` of this module in a fresh Python process (its own peak RSS, its own Ray)."""
-    script = MEASURE.format(here=str(Path(__file__).parent), function=function, kwargs=kwargs)
+    script = MEASURE.format(root=str(ROOT), function=function, kwargs=kwargs)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
     if done.returncode:
         raise RuntimeError(f"{function}({kwargs}) failed:\n{done.stderr[-4000:]}")

@@ -33,7 +33,7 @@ is surest the judge keeps are the larger share. The sweep recalibrates both thre
 documents' scores at other keep rates (the same heads, the same 1% bound), with the drops-only figure
 beside it; `early_exit_by_keep_rate` in the JSON.
 
-    .venv/bin/python benchmarks/scoring.py [--documents 800] [--repeats 2] [--labels N] [--epochs N]
+    .venv/bin/python -m benchmarks.scoring [--documents 800] [--repeats 2] [--labels N] [--epochs N]
         [--probe-layer N] [--judge-layer N]
 
 `--labels` and `--epochs` override the config's `oracle.per_source` and `heads.epochs`, to see what

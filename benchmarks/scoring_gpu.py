@@ -13,7 +13,7 @@ length (tokenisation is not timed):
 
 A source with early-exit share e then runs at batch / (t_probe + (1 - e) (t_full - t_probe)).
 
-    .venv/bin/python benchmarks/scoring_gpu.py [--tokens 1024] [--batches 16 32 64] [--tiny]
+    .venv/bin/python -m benchmarks.scoring_gpu [--tokens 1024] [--batches 16 32 64] [--tiny]
 
 Without a CUDA device it measures nothing, says why and exits 0 (`--tiny` runs a small model of the same
 family on CPU, to check the script). Prints human-readable lines, then one JSON object as the last line.

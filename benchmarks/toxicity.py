@@ -16,7 +16,7 @@ line above 0.5 drops), false drops per clean set, the (share, bar) grid the defa
 documents per second per core (CPU time, single thread, best of `--repeats`) against better-profanity on
 the first `--limit` clean documents and their toxic copies (it reads about 4 kB of text per CPU second).
 
-    .venv/bin/python benchmarks/toxicity.py [--documents 1000] [--limit N] [--repeats 2]
+    .venv/bin/python -m benchmarks.toxicity [--documents 1000] [--limit N] [--repeats 2]
 
 Prints human-readable lines, then as the last line one JSON object with the figures.
 """

@@ -8,7 +8,7 @@ after the first `--warmup`; the loss gap is the mean of the last 10 losses again
 Recipes: `bf16` (the baseline), `fp8` (Transformer Engine; skipped with the reason when it is not
 installed) and `fp8-emulated` (the FP8 numerics in PyTorch: it checks the loss, not the speed).
 
-    .venv/bin/python benchmarks/training_gpu.py [--preset proxy-1b] [--steps 120] [--batch-size 8]
+    .venv/bin/python -m benchmarks.training_gpu [--preset proxy-1b] [--steps 120] [--batch-size 8]
 
 Without a CUDA device it measures nothing, says why and exits 0 (`--preset tiny --cpu` checks the
 script). Last line: one JSON object with keys bench, device, and per recipe tokens_per_s, mfu, loss_gap.

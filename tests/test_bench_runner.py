@@ -21,6 +21,7 @@ def run_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     benchmarks = tmp_path / "benchmarks"
     benchmarks.mkdir()
     (benchmarks / "run_all.py").write_text("")  # the runner itself is not a benchmark
+    (benchmarks / "__init__.py").write_text("")  # nor is the package's own module
     monkeypatch.setattr(module, "BENCHMARKS", benchmarks)
     monkeypatch.setattr(module, "RESULTS", benchmarks / "results")
     monkeypatch.setattr(module, "DOC", tmp_path / "benchmarks.md")
@@ -43,7 +44,7 @@ def test_a_run_is_recorded_with_its_provenance_and_tabled(run_all: ModuleType) -
     assert record["result"] == {"bench": "fast", "ratio": 1.2345678}
     assert len(record["commit"]) == 40
     assert record["machine"]["cores"] >= 1 and len(record["machine"]["load_average_before"]) == 3
-    assert record["command"] == ["python", "benchmarks/fast.py"]
+    assert record["command"] == ["python", "-m", "benchmarks.fast"]
     doc = run_all.DOC.read_text()
     assert "old table" not in doc
     assert doc.startswith("# Benchmarks\n\nhand-written") and doc.endswith("tail\n")
@@ -80,4 +81,4 @@ def test_script_arguments_reach_the_script(run_all: ModuleType) -> None:
     assert run_all.main(["echo", "--", "--documents", "7"]) == 0
     record = json.loads((run_all.RESULTS / "echo.jsonl").read_text())
     assert record["result"]["args"] == ["--documents", "7"]
-    assert record["command"] == ["python", "benchmarks/echo.py", "--documents", "7"]
+    assert record["command"] == ["python", "-m", "benchmarks.echo", "--documents", "7"]

@@ -9,7 +9,7 @@ contiguous and in expert order; `w_ENK` stacks one [N, K] matrix per expert, lai
 - `torch._grouped_mm` where this torch has it for the device and dtype: on CPU (16 and 32 bits) it
   runs the experts' products in C++, about twice as fast forward and backward as the kernels room's
   reference loop (demo sizes); on Hopper or newer GPUs in bf16, forward and backward of one 7b2a layer
-  took 1.55 ms against the Triton kernel's 1.74 ms (H200, `benchmarks/kernels.py`; forward alone the
+  took 1.55 ms against the Triton kernel's 1.74 ms (H200, `benchmarks/kernel_speed.py`; forward alone the
   Triton kernel is 5% faster);
 - the Triton grouped GEMM of the kernels room (`moe_dag.kernels.grouped_mm`) wherever else Triton runs:
   CUDA tensors in fp32 or fp16 or on GPUs before Hopper, and every tensor under TRITON_INTERPRET=1

@@ -12,7 +12,7 @@ baselines run in the same process: "reference" (the plain-PyTorch reference, eag
   over the kernel's time, so 1.0 means as fast as a dense GEMM; torch._grouped_mm is a third baseline;
 - every kernel: its largest difference from the reference.
 
-    .venv/bin/python benchmarks/kernels.py [--tokens N] [--preset 7b2a|16b4a]
+    .venv/bin/python -m benchmarks.kernel_speed [--tokens N] [--preset 7b2a|16b4a]
 
 Without a CUDA device (or with TRITON_INTERPRET=1 set) it measures nothing and says why. Prints one
 line per kernel, then as the last line one JSON object: `bench`, `device`, and per kernel its figures.
@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         "--preset", choices=sorted(PRESETS), default="7b2a", help="model preset for the shapes"
     )
     args = parser.parse_args(argv)
-    summary: dict[str, object] = {"bench": "kernels", "kernels": list(BENCHES)}
+    summary: dict[str, object] = {"bench": "kernel_speed", "kernels": list(BENCHES)}
     if not torch.cuda.is_available():
         print("measured nothing: no CUDA device (this benchmark times compiled Triton kernels on a GPU)")
         return summary | {"device": "cpu", "skipped": "no CUDA device"}
