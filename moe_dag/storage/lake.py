@@ -151,13 +151,26 @@ class Lake:
         with atomic_write(path, self.fs) as handle:
             pq.write_table(table, handle, compression="zstd")
 
-    def read_record(self, stage: str, source: str, key: str) -> dict[str, Any] | None:
-        path = self._record_path(stage, source, key)
+    def read_json(self, path: str, fix: str) -> Any | None:
+        """The JSON file at `path`, None when there is none; a file that is not JSON (torn, cut, nested
+        past the parser) is refused with its path and `fix`, what to do about it."""
         try:
-            with self.fs.open(path, "rb") as handle:
-                return json.loads(handle.read())
+            data = self.fs.cat_file(path)
         except FileNotFoundError:
             return None
+        try:
+            return json.loads(data)
+        except (ValueError, RecursionError) as error:
+            raise ValueError(f"{path}: not valid JSON ({type(error).__name__}: {error}); {fix}") from error
+
+    def write_json(self, path: str, value: Any) -> None:
+        """Replace the JSON file at `path` with `value`, atomically."""
+        with atomic_write(path, self.fs) as handle:
+            handle.write(json.dumps(value, indent=0, sort_keys=True).encode())
+
+    def read_record(self, stage: str, source: str, key: str) -> dict[str, Any] | None:
+        path = self._record_path(stage, source, key)
+        return self.read_json(path, f"remove it: shard {key!r} of {stage}[{source}] is then redone")
 
     def records(self, stage: str, source: str) -> dict[str, dict[str, Any]]:
         """Completion records of a slice by shard key."""

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import posixpath
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -130,9 +129,17 @@ def recorded_arrivals(lake: Lake) -> dict[str, int]:
     """Cluster file name -> arrival, as the last clustering recorded it. A lake clustered before arrivals
     were recorded has its cluster files as the first arrival."""
     path = posixpath.join(lake.dataset_dir(CLUSTERS_STAGE), ARRIVAL_FILE)
-    if lake.fs.exists(path):
-        return json.loads(lake.fs.cat_file(path))
-    return {posixpath.basename(p): 0 for p in lake.parquet_files(CLUSTERS_STAGE)}
+    recorded = lake.read_json(
+        path,
+        "restore it from a backup, or remove it to count every cluster file as the first arrival "
+        "(within a source, ties between copies may then keep another document), then rematerialise "
+        "dedup_clusters",
+    )
+    return (
+        recorded
+        if recorded is not None
+        else {posixpath.basename(p): 0 for p in lake.parquet_files(CLUSTERS_STAGE)}
+    )
 
 
 def recorded_versions(lake: Lake) -> dict[str, str] | None:
@@ -140,7 +147,7 @@ def recorded_versions(lake: Lake) -> dict[str, str] | None:
     clustering wrote them (a lake clustered before they were, or a clustering that stopped half way,
     which removes them first): then read them from the files (`shard_cluster_version`)."""
     path = posixpath.join(lake.dataset_dir(CLUSTERS_STAGE), VERSIONS_FILE)
-    return json.loads(lake.fs.cat_file(path)) if lake.fs.exists(path) else None
+    return lake.read_json(path, "remove it, or rematerialise dedup_clusters, which writes it again")
 
 
 def with_arrivals(files: Sequence[SignatureFile], recorded: dict[str, int]) -> list[SignatureFile]:
@@ -243,13 +250,10 @@ def cluster_partitioned(
             versions[source] = (total + count, xor ^ digest)
     paths = [path for part in written for path in part["files"]]
     arrivals = {cluster_file_name(f.source, f.key): f.arrival for f in files}
-    lake.fs.makedirs(folder, exist_ok=True)
-    lake.fs.pipe_file(
-        posixpath.join(folder, ARRIVAL_FILE), json.dumps(arrivals, indent=0, sort_keys=True).encode()
-    )
+    lake.write_json(posixpath.join(folder, ARRIVAL_FILE), arrivals)
     _remove_other_files(lake, paths)
     file_versions = {name: version for part in written for name, version in part["file_versions"].items()}
-    lake.fs.pipe_file(versions_path, json.dumps(file_versions, indent=0, sort_keys=True).encode())
+    lake.write_json(versions_path, file_versions)
     return PartitionedClusters(
         rows=sum(w["rows"] for w in written),
         rounds=rounds,
