@@ -5,6 +5,10 @@ Per-source stages run once per partition; global stages (dedup clustering, heads
 run once after every source has reached them; the stages are derived from the asset graph (`stages`).
 Only what is missing or stale runs (`moe_dag/orchestration/staleness.py`): on an unchanged lake nothing
 does, and the heads do not retrain. Every run is tagged with the config version and, per source, the source.
+
+Why this is not Dagster's own: `dagster asset materialize` runs a fixed selection in one run whatever is
+stale, and declarative automation needs a running daemon and sensor ticks, so `moe-dag run` is the
+daemon-less, in-process loop that asks Dagster's stale status (through `staleness.py`) before each stage.
 """
 
 from __future__ import annotations

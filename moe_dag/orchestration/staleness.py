@@ -6,7 +6,10 @@ of). A root asset has no upstream: `raw_documents` of a source also needs a run 
 finds new, changed or removed shards under the source's location.
 
 Dagster exposes stale status publicly only in the UI and GraphQL ("Materialize stale and missing"); this
-module uses the resolver behind them, through `dagster_internals`.
+module uses the resolver behind them, through `dagster_internals`. What it adds, Dagster cannot express:
+a code version is per asset, not per partition (a source's own settings, recorded as a run tag), a root
+asset has no upstream to see new shards through, and no condition reads another asset's metadata (the
+refresh policies' populations, `dedup_clusters`' per-source cluster versions).
 """
 
 from __future__ import annotations
