@@ -15,7 +15,6 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
-import yaml
 from test_end_to_end import tiny_config
 
 from moe_dag.assets.dedup import _built_from
@@ -37,6 +36,7 @@ from moe_dag.orchestration.definitions import build_definitions
 from moe_dag.orchestration.pipeline import stages
 from moe_dag.quality.oracle import sample_slice, split_sample
 from moe_dag.storage.lake import Lake
+from tests.pipeline_configs import edited_config
 
 SCHEMA = pa.schema({"id": pa.string(), "text": pa.string(), "source": pa.string(), "keep": pa.bool_()})
 
@@ -297,16 +297,14 @@ class _Counting:
 def driver_reads(tmp_path_factory, local_ray) -> dict[tuple[str, str | None], int]:
     """Rows read into this process per (asset or check, partition), materialising SELECTION once."""
     tmp_path = tmp_path_factory.mktemp("bounded")
-    path = tiny_config(tmp_path)
-    raw = yaml.safe_load(path.read_text())
-    raw["demo_corpus"] = {
-        **raw["demo_corpus"],
-        "docs_per_source": DOCUMENTS,
-        "docs_per_shard": DOCUMENTS_PER_SHARD,
-    }
-    raw["oracle"]["per_source"] = 10
-    raw["calibration"] = {**raw.get("calibration", {}), "keep_rate_tolerance": 0.2}
-    path.write_text(yaml.safe_dump(raw))
+    path = edited_config(
+        tiny_config(tmp_path),
+        {
+            "demo_corpus": {"docs_per_source": DOCUMENTS, "docs_per_shard": DOCUMENTS_PER_SHARD},
+            "oracle": {"per_source": 10},
+            "calibration": {"keep_rate_tolerance": 0.2},
+        },
+    )
     config = load_config(path)
     build_demo_corpus(tmp_path / "corpus", config.demo_corpus)
     definitions = build_definitions(str(path))

@@ -12,7 +12,6 @@ import dagster as dg
 import numpy as np
 import pyarrow as pa
 import pytest
-import yaml
 
 from moe_dag.assets.comparisons import curation_gain, moe_gain, unfiltered_mixture
 from moe_dag.assets.evaluation import evaluation_sets, neutral_documents
@@ -26,11 +25,12 @@ from moe_dag.assets.mixture_search import (
     mixture_validation,
 )
 from moe_dag.assets.training import moe_proxy, proxy_eval
-from moe_dag.config import DEFAULT_CONFIG, load_config
+from moe_dag.config import load_config
 from moe_dag.mixture.neutral import is_neutral
 from moe_dag.orchestration.definitions import build_definitions
 from moe_dag.storage.catalog import Catalog
 from moe_dag.storage.lake import Lake
+from tests.pipeline_configs import Replace, demo_config
 
 pytestmark = pytest.mark.slow
 DOCUMENTS = 60
@@ -41,25 +41,24 @@ def trained(tmp_path_factory: pytest.TempPathFactory, local_ray) -> tuple[Path, 
     """A lake with raw, clustered and scored documents per source (all kept), a tiny proxy trained on
     them and scored on the neutral set; the config's path and the instance that recorded it."""
     root = tmp_path_factory.mktemp("decisions")
-    raw = yaml.safe_load(Path(DEFAULT_CONFIG).read_text())
-    raw["lake_root"], raw["catalog_path"] = str(root / "lake"), str(root / "catalog.duckdb")
-    raw["tokenizer"] = {"vocab_size": 300}
-    raw["mixture"] = {"seq_len": 32, "heldout_fraction": 0.1, "heldout_min_documents": 8}
-    raw["training"] = {
-        "preset": "tiny",
-        "steps": 8,
-        "overrides": {"train.num_threads": 1, "train.checkpoint_every": 4},
-    }
-    raw["evaluation"] = {"neutral_share": 0.1}
-    raw["mixture_search"] = {
-        "candidates": 4,
-        "steps": 8,
-        "overrides": {"train.batch_size": 4},
-        "proposals_sampled": 200,
-        "top_k": 10,
-    }
-    path = root / "pipeline.yaml"
-    path.write_text(yaml.safe_dump(raw))
+    path = demo_config(
+        root,
+        {
+            "tokenizer": {"vocab_size": 300},
+            "mixture": Replace(seq_len=32, heldout_fraction=0.1, heldout_min_documents=8),
+            "training": Replace(
+                preset="tiny", steps=8, overrides={"train.num_threads": 1, "train.checkpoint_every": 4}
+            ),
+            "evaluation": {"neutral_share": 0.1},
+            "mixture_search": {
+                "candidates": 4,
+                "steps": 8,
+                "overrides": {"train.batch_size": 4},
+                "proposals_sampled": 200,
+                "top_k": 10,
+            },
+        },
+    )
     config = load_config(path)
     lake, rng = Lake(config.lake_root), np.random.default_rng(0)
     words = ["data", "model", "expert", "token", "the", "of", "and", "route", "grüße", "def"]

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-import yaml
 
 from moe_dag.cli import main as cli
 from moe_dag.cli.summary import NOISE_SQL, format_summary
@@ -14,32 +13,31 @@ from moe_dag.config import DEFAULT_CONFIG, load_config
 from moe_dag.curation.demo_corpus import build_demo_corpus
 from moe_dag.orchestration.definitions import build_definitions
 from moe_dag.orchestration.pipeline import materialize_all, stages
+from tests.pipeline_configs import Replace, demo_config
 
 
 def tiny_config(tmp_path: Path) -> Path:
     """configs/demo.yaml (same sources, hence the same partitions) shrunk to run in a few minutes."""
-    raw = yaml.safe_load(Path(DEFAULT_CONFIG).read_text())
-    raw["lake_root"] = str(tmp_path / "lake")
-    raw["catalog_path"] = str(tmp_path / "catalog.duckdb")
-    raw["demo_corpus"] = {"docs_per_source": 60, "seed": 0, "docs_per_shard": 25}
-    for source in raw["sources"]:
-        source["shards"] = str(tmp_path / "corpus" / source["name"])
-    raw["oracle"]["per_source"] = 30
-    raw["heads"] = {**raw.get("heads", {}), "epochs": 3}
-    raw["tokenizer"] = {**raw.get("tokenizer", {}), "vocab_size": 512}
-    raw["mixture"] = {
-        **raw["mixture"],
-        "seq_len": 64,
-        "total_tokens": 20_000,
-        "heldout_fraction": 0.2,
-        "heldout_min_documents": 5,
+    shards = {
+        name: {"shards": str(tmp_path / "corpus" / name)} for name in load_config(DEFAULT_CONFIG).source_names
     }
-    raw["training"] = {"preset": "tiny", "steps": 12, "seed": 0}
-    # About 18 held-out labels: a head's keep F1 moves by ~0.1 with two labels (0.67 for the probe here).
-    raw["checks"] = {**raw.get("checks", {}), "min_head_f1": 0.5}
-    path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return path
+    changes = {
+        "demo_corpus": {"docs_per_source": 60, "seed": 0, "docs_per_shard": 25},
+        "sources": shards,
+        "oracle": {"per_source": 30},
+        "heads": {"epochs": 3},
+        "tokenizer": {"vocab_size": 512},
+        "mixture": {
+            "seq_len": 64,
+            "total_tokens": 20_000,
+            "heldout_fraction": 0.2,
+            "heldout_min_documents": 5,
+        },
+        "training": Replace(preset="tiny", steps=12, seed=0),
+        # About 18 held-out labels: a head's keep F1 moves by ~0.1 with two labels (0.67 for the probe here).
+        "checks": {"min_head_f1": 0.5},
+    }
+    return demo_config(tmp_path, changes, "tiny.yaml")
 
 
 @pytest.mark.slow

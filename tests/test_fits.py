@@ -7,7 +7,6 @@ from __future__ import annotations
 import dagster as dg
 import pyarrow as pa
 import pytest
-import yaml
 from test_dedup_backfill import pipeline_config, sentence_text, write_shard
 
 from moe_dag.cli.main import main
@@ -27,6 +26,7 @@ from moe_dag.curation.fits import (
 )
 from moe_dag.orchestration.definitions import build_definitions
 from moe_dag.storage.lake import Lake
+from tests.pipeline_configs import edited_config
 
 TEXTS = [
     f"Entry {i}: the river runs through the old town and past the mill number {i % 7}." for i in range(60)
@@ -67,13 +67,12 @@ def test_changed_decisions_name_each_change():
 
 
 def _config(tmp_path, corpus, refit: int = 0):
-    path = pipeline_config(tmp_path, corpus, "fits")
-    raw = yaml.safe_load(path.read_text())
-    raw["prefilter"] = {"perplexity": {"min_documents": 20, "low_percentile": 10, "high_percentile": 90}}
-    raw["sources"][0]["prefilter"] = {"refit": refit}
-    raw["checks"] = {"max_drop_share": {"default": 1.0}}  # the new shard's texts are shorter: not a defect
-    path.write_text(yaml.safe_dump(raw))
-    return path
+    changes = {
+        "prefilter": {"perplexity": {"min_documents": 20, "low_percentile": 10, "high_percentile": 90}},
+        "sources": {"a": {"prefilter": {"refit": refit}}},
+        "checks": {"max_drop_share": {"default": 1.0}},  # the new shard's texts are shorter: not a defect
+    }
+    return edited_config(pipeline_config(tmp_path, corpus, "fits"), changes)
 
 
 def _prefilter(config_path, instance) -> dict:

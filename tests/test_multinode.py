@@ -13,12 +13,12 @@ from __future__ import annotations
 import dagster as dg
 import pyarrow as pa
 import pytest
-import yaml
 
 from moe_dag.config import load_config
 from moe_dag.curation.demo_corpus import build_demo_corpus
 from moe_dag.orchestration.definitions import build_definitions
 from moe_dag.storage.lake import Lake
+from tests.pipeline_configs import Replace, edited_config
 from tests.test_end_to_end import tiny_config
 
 # Curation, dedup and scoring, stage by stage as `moe-dag run` orders them (per source, then global).
@@ -36,13 +36,11 @@ OBJECT_STORE = 256 * 1024 * 1024
 def config_for(tmp_path, name: str, ray: dict) -> str:
     """The tiny end-to-end config with its own lake, the shared corpus and the given `ray` section."""
     base = tiny_config(tmp_path)  # corpus under tmp_path/corpus, lake under tmp_path/lake
-    raw = yaml.safe_load(base.read_text())
-    raw["lake_root"] = str(tmp_path / name / "lake")
-    raw["catalog_path"] = str(tmp_path / name / "catalog.duckdb")
-    raw["ray"] = ray
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return str(path)
+    own = {
+        "lake_root": str(tmp_path / name / "lake"),
+        "catalog_path": str(tmp_path / name / "catalog.duckdb"),
+    }
+    return str(edited_config(base, {**own, "ray": Replace(ray)}, to=tmp_path / f"{name}.yaml"))
 
 
 def materialise(config_path: str) -> Lake:

@@ -17,13 +17,12 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import yaml
 from test_expert_parallel import check_training, spawn
 from test_trainer import SEQ_LEN, write_mixture
 from torch.distributed.tensor import Replicate, Shard
 
 from moe_dag.assets.training import moe_proxy
-from moe_dag.config import DEFAULT_CONFIG, load_config
+from moe_dag.config import load_config
 from moe_dag.orchestration.definitions import build_definitions
 from moe_dag.storage.lake import Lake
 from moe_dag.training.config import ParallelConfig, tiny
@@ -31,6 +30,7 @@ from moe_dag.training.distributed import DistInfo
 from moe_dag.training.model import build_model
 from moe_dag.training.multinode import SHARED_TOKEN_FILE, _agent
 from moe_dag.training.parallelize import Parallelism
+from tests.pipeline_configs import Replace
 
 NODES, PER_NODE = 2, 2
 
@@ -65,27 +65,17 @@ def test_hybrid_sharding_over_two_nodes_of_two_follows_one_process() -> None:
 
 
 @pytest.fixture
-def two_node_pipeline(tmp_path: Path) -> Path:
+def two_node_pipeline(make_config) -> Path:
     """configs/demo.yaml with a fresh lake holding a small tokenized mixture, and tiny training on 2
     "nodes" of 2 processes each with hybrid sharding (no Ray address: both agents on this machine)."""
-    raw = yaml.safe_load(Path(DEFAULT_CONFIG).read_text())
-    raw["lake_root"], raw["catalog_path"] = str(tmp_path / "lake"), str(tmp_path / "catalog.duckdb")
-    raw.pop("ray", None)
     overrides = {
         "train.num_threads": 1,
         "train.batch_size": 2,
         "train.checkpoint_every": 2,
         "parallel.data_parallel": "hsdp",
     }
-    raw["training"] = {
-        "preset": "tiny",
-        "steps": 4,
-        "nnodes": NODES,
-        "nproc_per_node": PER_NODE,
-        "overrides": overrides,
-    }
-    path = tmp_path / "pipeline.yaml"
-    path.write_text(yaml.safe_dump(raw))
+    training = Replace(preset="tiny", steps=4, nnodes=NODES, nproc_per_node=PER_NODE, overrides=overrides)
+    path = make_config({"training": training})
     rows = (np.arange(24)[:, None] + np.arange(SEQ_LEN + 1)[None, :]) % 12 + 1
     write_mixture(Lake(load_config(path).lake_root).artifact_dir("tokenized_mixture"), rows)
     return path

@@ -209,9 +209,10 @@ def test_curation_and_dedup_on_an_s3_lake_equal_a_local_lake(s3_lake_url, tmp_pa
     corpus, materialised by Dagster (Ray workers included) on the S3 lake and on a local one."""
     import dagster as dg
     import ray
-    import yaml
 
+    from moe_dag.config import load_config
     from moe_dag.orchestration.definitions import build_definitions
+    from tests.pipeline_configs import edited_config
     from tests.test_dedup_backfill import SOURCES, full_run, pipeline_config, sentence_text, write_shard
 
     corpus = tmp_path / "corpus"
@@ -224,10 +225,9 @@ def test_curation_and_dedup_on_an_s3_lake_equal_a_local_lake(s3_lake_url, tmp_pa
     for name in ("local", "s3"):
         config_path = pipeline_config(tmp_path, corpus, name)
         if name == "s3":
-            raw = yaml.safe_load(config_path.read_text())
-            config_path.write_text(yaml.safe_dump({**raw, "lake_root": s3_lake_url}))
+            edited_config(config_path, {"lake_root": s3_lake_url})
         full_run(build_definitions(config_path), dg.DagsterInstance.ephemeral())
-        lake = Lake(yaml.safe_load(config_path.read_text())["lake_root"])
+        lake = Lake(load_config(config_path).lake_root)
         kept[name] = {
             source: lake.read_table("deduplicated", source, columns=["id", "keep"]).to_pylist()
             for source in SOURCES
