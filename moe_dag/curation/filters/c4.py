@@ -18,6 +18,11 @@ Departures (`ScriptRules`, whose reference values `PrefilterConfig.reference()` 
   script does, letters of unspaced scripts count as words for the 3-word rule, and sentences are
   counted at every script's terminators (`text.count_sentences_any_script`). Lines in Latin script
   with ASCII punctuation are read exactly as C4 reads them.
+
+Opt-in per kind of source (off here and in the reference, on for `kind: reference`):
+- `language_variant_markup`: the braces of wiki language-variant markup `-{...}-` are not code. Serbian
+  Wikipedia writes Latin names in Cyrillic text as `-{GNOME}-`; C4 drops such a page for its curly bracket.
+  Any other brace in a kept line still drops the page.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ from moe_dag.curation.filters.text import (
     ends_sentence_any_script,
 )
 
+# Wiki language-variant markup: `-{text}-`, `-{R|text}-`, `-{zh-hans:...; zh-hant:...}-`.
+_LANGUAGE_VARIANT = re.compile(r"-\{[^{}]*\}-")
 _CITATION = re.compile(r"\[\d*]|\[edit]|\[citation needed]")
 _END_PUNCTUATION = (".", "?", "!", '"', "'")
 _POLICY_PHRASES = (
@@ -64,6 +71,7 @@ class C4Config:
     filter_javascript: bool = True
     filter_curly_bracket: bool = True
     filter_policy: bool = True
+    language_variant_markup: bool = False
 
 
 # The field of `C4Config` that governs each reason.
@@ -125,7 +133,7 @@ class C4QualityFilter(DocumentFilter):
                 return _LOREM_IPSUM, 0.0
             if c.filter_javascript and "javascript" in lowered:
                 continue
-            if c.filter_curly_bracket and "{" in line:
+            if c.filter_curly_bracket and "{" in _without_variant_markup(line, c.language_variant_markup):
                 return _CURLY_BRACKET, 0.0
             if c.filter_policy and any(phrase in lowered for phrase in _POLICY_PHRASES):
                 continue
@@ -133,6 +141,11 @@ class C4QualityFilter(DocumentFilter):
             if sentences < enough:
                 sentences += self._count_sentences(line, enough - sentences)
         return sentences, 1 - kept / len(lines) if lines else 0.0
+
+
+def _without_variant_markup(line: str, markup: bool) -> str:
+    """`line` without its `-{...}-` spans where the source writes language-variant markup."""
+    return _LANGUAGE_VARIANT.sub("", line) if markup and "-{" in line else line
 
 
 def _ends_in_punctuation(line: str, per_script: bool) -> bool:

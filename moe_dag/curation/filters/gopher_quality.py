@@ -15,6 +15,11 @@ Departures, each a setting whose reference value `PrefilterConfig.reference()` r
   and the English stop-word rule are not applied (FineWeb-2 also adapts these rules per language).
 - `stop_word_languages` (reference: every document): the English stop-word rule applies only to
   documents that language ID found in one of these languages (or that no language ID ran on).
+
+Opt-in per kind of source (off here and in the reference, on for `kind: reference`):
+- `word_placeholders`: markers a tokenised dump writes in place of a word (WikiText's `<unk>`) count as
+  one word made of their letters; datatrove splits `<unk>` into `<`, `unk`, `>`, two punctuation tokens
+  against the alphabetic-word share for every word the dump's vocabulary lacked.
 """
 
 from __future__ import annotations
@@ -66,6 +71,7 @@ class GopherQualityConfig:
     min_stop_words: int = 2
     stop_words: tuple[str, ...] = ("the", "be", "to", "of", "and", "that", "have", "with")
     stop_word_languages: tuple[str, ...] = ("en",)
+    word_placeholders: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.min_words > self.max_words:
@@ -77,6 +83,10 @@ class GopherQualityConfig:
             )
         self.stop_words = tuple(self.stop_words)  # YAML gives lists
         self.stop_word_languages = tuple(self.stop_word_languages)
+        self.word_placeholders = tuple(self.word_placeholders)
+        wordless = [marker for marker in self.word_placeholders if not any(map(str.isalpha, marker))]
+        if wordless:
+            raise ValueError(f"gopher_quality.word_placeholders {wordless}: no letter to count as a word")
 
 
 # The field of `GopherQualityConfig` that governs each reason.
@@ -116,6 +126,10 @@ class GopherQualityFilter(DocumentFilter):
         self.config = config or GopherQualityConfig()
         self.script = script or ScriptRules()
         self.stop_words = frozenset(self.config.stop_words)
+        # Each marker becomes its letters ("<unk>" -> "unk"): one alphabetic token, as the word it stands for.
+        self.placeholder_words = {
+            marker: "".join(filter(str.isalpha, marker)) for marker in self.config.word_placeholders
+        }
 
     def score(self, texts: list[str], language: list[str | None] | None = None) -> dict[str, np.ndarray]:
         languages = language or [None] * len(texts)
@@ -180,7 +194,7 @@ class GopherQualityFilter(DocumentFilter):
 
     def _stats(self, text: str, language: str | None) -> tuple[float, ...]:
         c = self.config
-        words = split_words(text)
+        words = split_words(self._placeholders_as_words(text))
         non_symbol = [w for w in words if not _SYMBOLS_ONLY.fullmatch(w)]
         n_words, n_counted = len(words), len(non_symbol)
         # datatrove's test, `str.isalpha`: "½", "²" and "Ⅻ" are numbers, not letters.
@@ -212,3 +226,8 @@ class GopherQualityFilter(DocumentFilter):
             len(self.stop_words.intersection(words)) if stop_rule else -1,
             len(lines),
         )
+
+    def _placeholders_as_words(self, text: str) -> str:
+        for marker, word in self.placeholder_words.items():
+            text = text.replace(marker, word)
+        return text

@@ -37,7 +37,7 @@ def installed_documents(min_chars: int = 1) -> list[str]:
     for readme in readmes:
         texts.update(_pieces(readme))
     texts.update(topic.strip() for topic in topics.values())
-    texts.update(_stdlib_docstrings())
+    texts.update(stdlib_docstrings())
     return sorted(text for text in texts if len(text) >= min_chars)
 
 
@@ -55,7 +55,7 @@ def _pieces(text: str, words_per_piece: int = 250) -> list[str]:
     return pieces if len(pieces) > 1 else []
 
 
-def _stdlib_docstrings() -> list[str]:
+def stdlib_docstrings() -> list[str]:
     """The module docstrings of the standard library's top-level modules."""
     docstrings = []
     for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
