@@ -111,11 +111,25 @@ def file_sizes(lake: Lake, paths: list[str]) -> dict[str, int]:
 def outputs_intact(lake: Lake, record: dict[str, Any]) -> bool:
     """Whether every file the completion record vouches for is there with its size (records written
     before they listed their files are trusted)."""
-    for relative, size in record.get("outputs", {}).items():
-        path = posixpath.join(lake.root, relative)
-        if not lake.fs.exists(path) or lake.fs.size(path) != size:
-            return False
-    return True
+    return all(_intact(lake, relative, size) for relative, size in record.get("outputs", {}).items())
+
+
+def damaged_outputs(lake: Lake, stage: str, source: str) -> tuple[list[str], int]:
+    """The files (relative to the lake) that the completion records of `stage` and `source` vouch for
+    but that are gone or of another size, and how many records there are."""
+    records = lake.records(stage, source)
+    damaged = [
+        relative
+        for record in records.values()
+        for relative, size in record.get("outputs", {}).items()
+        if not _intact(lake, relative, size)
+    ]
+    return sorted(damaged), len(records)
+
+
+def _intact(lake: Lake, relative: str, size: int) -> bool:
+    path = posixpath.join(lake.root, relative)
+    return lake.fs.exists(path) and lake.fs.size(path) == size
 
 
 def plan_shards(

@@ -24,12 +24,14 @@ from moe_dag.assets.operating import operation
 from moe_dag.config import PipelineConfig
 from moe_dag.curation.dedup import CLUSTER_VERSION
 from moe_dag.engine.shard_ledger import LedgerChanges, ShardLedger, ledger_path, scan_shards
+from moe_dag.engine.shards import damaged_outputs
 from moe_dag.operations.refresh import Refresh, moved_sources
 from moe_dag.orchestration.automation import (
     TAG_POPULATION,
     TAG_SOURCE_CONFIG,
     source_config_version,
 )
+from moe_dag.storage.lake import Lake
 
 
 class Staleness:
@@ -46,6 +48,7 @@ class Staleness:
         """`refresh`: on-demand assets follow new upstream data at once, as if their policy said so."""
         self.resolver = stale_status_resolver(instance, definitions)
         self.instance, self.config, self.refresh = instance, config, refresh
+        self.lake = Lake(config.lake_root)
         self.specs = {spec.key: spec for asset in definitions.assets for spec in asset.specs}
 
     def reason(self, asset: str, partition: str | None) -> str | None:
@@ -57,12 +60,26 @@ class Staleness:
         if status == StaleStatus.STALE and not self._same_clusters_for_source(asset, partition):
             causes = self.resolver.get_stale_root_causes(key, partition)
             return self._by_policy(key, causes)
+        if partition is not None and (damage := self._damaged(asset, partition)):
+            return damage
         if partition is not None and self._source_settings_changed(key, partition):
             return f"stale: the settings of source {partition!r} that {asset} reads changed"
         if asset == "raw_documents" and partition is not None:
             changes = shard_changes(self.config, partition)
             return f"shards: {changes.describe()}" if changes else None
         return None
+
+    def _damaged(self, asset: str, partition: str) -> str | None:
+        """Files of the partition that its completion records vouch for but that are gone or cut since:
+        Dagster's own state knows only that the asset was materialised, not that its files still are."""
+        damaged, records = damaged_outputs(self.lake, asset, partition)
+        if not damaged:
+            return None
+        more = f" and {len(damaged) - 1} more" if len(damaged) > 1 else ""
+        return (
+            f"damaged: {damaged[0]}{more} is missing or changed since its run recorded it "
+            f"({len(damaged)} of {records} shards)"
+        )
 
     def _by_policy(self, key: dg.AssetKey, causes: list) -> str | None:
         """Why a stale asset needs a run; None for an on-demand asset stale only through new upstream
