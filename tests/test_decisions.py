@@ -56,6 +56,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory, local_ray) -> tuple[Path, 
                 "overrides": {"train.batch_size": 4},
                 "proposals_sampled": 200,
                 "top_k": 10,
+                "min_neutral_documents": 3,  # about 6 of each source's 60 documents are neutral here
             },
         },
     )

@@ -22,6 +22,7 @@ from typing import Any
 import dagster as dg
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from moe_dag.assets.evaluation import evaluation_set_dirs
@@ -31,9 +32,10 @@ from moe_dag.assets.resources import PipelineResource
 from moe_dag.assets.training_runs import launch_training, run_dir_for
 from moe_dag.config import TrainingLaunchConfig
 from moe_dag.mixture import SourceTokens, TokenShard
-from moe_dag.mixture.neutral import NEUTRAL_SET
+from moe_dag.mixture.neutral import NEUTRAL_SET, NEUTRAL_STAGE
 from moe_dag.mixture.search import (
     AVERAGE,
+    check_neutral_documents,
     config_snippet,
     fit_regressions,
     pack_candidate,
@@ -107,6 +109,29 @@ def _capacity(shards: dict[str, SourceTokens]) -> dict[str, int]:
     return {name: int(tokens.lengths.sum()) for name, tokens in shards.items()}
 
 
+def _neutral_dir(pipeline: PipelineResource) -> Path:
+    """The tokenised neutral set the proxies are scored on."""
+    evaluation = mixture_search_settings(pipeline.config).evaluation
+    neutral = evaluation_set_dirs(pipeline.lake, evaluation).get(NEUTRAL_SET)
+    if neutral is None:
+        raise dg.Failure("the mixture search scores on the neutral set: set evaluation.neutral_share > 0")
+    return neutral
+
+
+def _check_neutral_set(pipeline: PipelineResource) -> None:
+    """Before anything trains: the neutral set exists and holds enough documents of every source."""
+    settings, lake = mixture_search_settings(pipeline.config), pipeline.lake
+    _neutral_dir(pipeline)
+    if not lake.has_table(NEUTRAL_STAGE):
+        raise dg.Failure(f"{lake.dataset_dir(NEUTRAL_STAGE)} holds no parquet: materialise {NEUTRAL_STAGE}")
+    sources = lake.read_table(NEUTRAL_STAGE, columns=["source"])["source"]
+    counts = {row["values"]: row["counts"] for row in pc.value_counts(sources).to_pylist()}
+    try:
+        check_neutral_documents(counts, list(settings.sources), settings.search.min_neutral_documents)
+    except ValueError as error:
+        raise dg.Failure(str(error)) from error
+
+
 def _read(path: Path) -> Any:
     if not path.exists():
         raise dg.Failure(f"{path} not found: materialise the mixture search's assets in order")
@@ -123,6 +148,7 @@ def mixture_candidates(context: dg.AssetExecutionContext, pipeline: PipelineReso
     """The candidate mixtures, sampled around the configured weights within the epoch caps, and the
     configured mixture; registered as the partitions of `candidate_proxy`."""
     settings = mixture_search_settings(pipeline.config)
+    _check_neutral_set(pipeline)
     shards = _shards(pipeline)
     budget = _budget(pipeline, swarm_launch(pipeline))
     shares_CS = sample_candidates(
@@ -168,9 +194,7 @@ def _train_on(
     `seed` (0 for the swarm) moves the initialisation and every source's document order together."""
     lake, folder = pipeline.lake, _search_dir(pipeline)
     settings = mixture_search_settings(pipeline.config)
-    neutral = evaluation_set_dirs(lake, settings.evaluation).get(NEUTRAL_SET)
-    if neutral is None:
-        raise dg.Failure("the mixture search scores on the neutral set: set evaluation.neutral_share > 0")
+    neutral = _neutral_dir(pipeline)
     tokenizer = load_tokenizer(lake.artifact_dir("tokenizer") / TOKENIZER_FILE)
     launch, mixture = swarm_launch(pipeline, seed), settings.mixture
     recipe = dataclasses.replace(mixture, total_tokens=_budget(pipeline, launch), seed=mixture.seed + seed)

@@ -62,6 +62,9 @@ class MixtureSearchConfig:
     final_seeds: int = 2
     proposals_sampled: int = 20_000
     top_k: int = 100
+    # Neutral documents each source needs before any proxy trains: its bits per byte on fewer is mostly
+    # noise, and a source with none has no loss at all for the regression to fit.
+    min_neutral_documents: int = 20
 
     def __post_init__(self) -> None:
         if self.candidates < 4:
@@ -73,8 +76,27 @@ class MixtureSearchConfig:
                 f"steps, parallel and final_seeds must be at least 1, got {self.steps}, {self.parallel}, "
                 f"{self.final_seeds}"
             )
+        if self.min_neutral_documents < 1:
+            raise ValueError(f"min_neutral_documents must be at least 1, got {self.min_neutral_documents}")
         if not 1 <= self.top_k <= self.proposals_sampled:
             raise ValueError(f"top_k must be in [1, proposals_sampled], got {self.top_k}")
+
+
+def check_neutral_documents(per_source: dict[str, int], sources: list[str], minimum: int) -> None:
+    """Refuse a search whose neutral set holds fewer than `minimum` documents of some source: every
+    proxy would train, and the fit then lacks (or barely measures) that source's loss."""
+    short = [
+        f"{source!r} has {per_source.get(source, 0)} neutral documents, fewer than {minimum}"
+        for source in sources
+        if per_source.get(source, 0) < minimum
+    ]
+    if short:
+        raise ValueError(
+            "the mixture search scores every source on the neutral set: "
+            + "; ".join(short)
+            + ". Raise evaluation.neutral_share (or give the source more shards) and rematerialise "
+            "neutral_documents and evaluation_sets, or lower mixture_search.min_neutral_documents"
+        )
 
 
 def shares_of(weights: dict[str, float]) -> dict[str, float]:
