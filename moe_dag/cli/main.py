@@ -58,6 +58,13 @@ def main(argv: list[str] | None = None) -> int:
         default="table",
         help="table for people, csv or json for scripts",
     )
+    explain = commands.add_parser(
+        "explain",
+        help="one document's way through the pipeline: its line, each stage's decision and reason, its "
+        "dedup cluster, label and scores, the sequences and training steps that carried it, its loss",
+    )
+    explain.add_argument("document_id", metavar="DOC_ID", help="the document's id, as the catalog holds it")
+    explain.add_argument("--format", choices=["text", "json"], default="text", help="json for scripts")
     commands.add_parser(
         "search-mixture",
         help="search the mixture weights with a swarm of small proxies, after `run` (docs/mixture_search.md)",
@@ -92,6 +99,10 @@ def run_command(args: argparse.Namespace) -> int:
         return print_refit_changes(args.config, args.source)
     if args.command == "free-stuck-runs":
         return free_stuck_runs()
+    if args.command == "explain":
+        from moe_dag.cli.explain import explain
+
+        return explain(args.config, args.document_id, args.format)
     if args.command == "query":
         return print_query(args.config, args.sql, args.limit, args.format)
     if args.command in ("summary", "demo"):

@@ -154,7 +154,7 @@ class TrainBatches:
         return self.batch_size * self.world_size
 
     def _lane_starts(self) -> np.ndarray:
-        return np.arange(self.lanes) * self.info.num_sequences // self.lanes
+        return lane_starts(self.info.num_sequences, self.lanes)
 
     def _rows(self, start: int, count: int) -> np.ndarray:
         """The rows of the global micro-step that begins at stream position `start`: one per lane."""
@@ -212,3 +212,25 @@ class TrainBatches:
         if end > n:
             window += counts[: end - n].sum(axis=0, dtype=np.int64)
         return passes * counts.sum(axis=0, dtype=np.int64) + window
+
+
+def lane_starts(num_sequences: int, lanes: int) -> np.ndarray:
+    """The row each of `lanes` lanes starts at: lane j at j * N // G (see the module's "Batches")."""
+    return np.arange(lanes) * num_sequences // lanes
+
+
+def steps_reading_rows(
+    rows: np.ndarray, *, num_sequences: int, lanes: int, grad_accum_steps: int, steps: int
+) -> np.ndarray:
+    """The optimizer steps (1-based, sorted, unique) of a run of `steps` steps whose micro-batches read any
+    of `rows`, in TrainBatches' order: micro-step k reads row (start_j + k) mod N in every lane j, and
+    step s takes micro-steps (s - 1) A .. s A - 1."""
+    micro_steps = steps * grad_accum_steps
+    first_reads = (np.asarray(rows)[:, None] - lane_starts(num_sequences, lanes)[None, :]) % num_sequences
+    first_reads = first_reads.ravel()
+    first_reads = first_reads[first_reads < micro_steps]
+    passes = (micro_steps - 1 - first_reads) // num_sequences + 1  # reads of each (row, lane) in the run
+    reads = np.repeat(first_reads, passes) + num_sequences * (
+        np.arange(int(passes.sum())) - np.repeat(np.cumsum(passes) - passes, passes)
+    )
+    return np.unique(reads // grad_accum_steps + 1)
