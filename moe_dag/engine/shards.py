@@ -70,7 +70,10 @@ def raw_shard_inputs(paths: list[str], location: str) -> list[ShardInput]:
         seen[key] = path
         info = fs.info(fsspec.core.url_to_fs(path)[1])
         changed = info.get("mtime") or info.get("LastModified") or info.get("created")
-        inputs.append(ShardInput(key=key, path=path, fingerprint=f"{info.get('size')}:{changed}"))
+        # The path too: every row names the file it came from, so a corpus moved with its file times
+        # kept is read again from where it is now, not taken as done with rows naming a gone file.
+        fingerprint = f"{info.get('size')}:{changed}:{path}"
+        inputs.append(ShardInput(key=key, path=path, fingerprint=fingerprint))
     return inputs
 
 

@@ -180,11 +180,16 @@ class Catalog:
         for name, sql in con.execute(
             "SELECT view_name, sql FROM duckdb_views() WHERE NOT internal"
         ).fetchall():
+            # A stage view reads this lake whatever lake root it was stored with (matched by the
+            # stage's place below the root): a catalog copied or moved with its lake reads the lake it
+            # is opened with.
             stage = STAGE_OF_VIEW.get(name, name)
             for partitioned in (True, False):
-                if sql_literal(self.lake.glob_pattern(stage, partitioned)) in sql:
+                below_root = f"/{stage}/{'source=*/' if partitioned else ''}*.parquet'"
+                if below_root in sql:
                     pattern = f"{LAKE_PROTOCOL}://{stage}/{'source=*/' if partitioned else ''}*.parquet"
                     con.execute(f"CREATE TEMP VIEW {name} AS {_stage_select(pattern)}")
+                    break
         # DuckDB reads a registered Python filesystem's file objects from several threads at once, and
         # fsspec's file objects are not safe for that: interleaved seeks and reads come back short ("Out
         # of buffer" on a join of two stages). One thread reads the lake correctly.
