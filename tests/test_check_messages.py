@@ -11,12 +11,22 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import dagster as dg
+
 import moe_dag
+from moe_dag.assets.heads import quality_heads
+from moe_dag.assets.mixture import tokenized_mixture
+from moe_dag.assets.reporting import WARNING_CHECKS, problems_result
+from moe_dag.assets.scoring import scored_documents
 from moe_dag.operations.bounds import (
+    ChecksConfig,
+    calibration_shortfall,
     cluster_row_violation,
+    epoch_cap_shortfalls,
     ingest_reconciliation,
     keep_rate_violation,
     oracle_failure_violation,
+    share_error_violations,
     stage_reconciliation,
     stale_deduplicated,
 )
@@ -109,3 +119,56 @@ def test_a_stale_deduplicated_partition_names_both_versions_and_the_fix():
 def test_a_broken_stage_chain_names_the_counts():
     funnel = [("prefiltered", "web", 100, 80, 20), ("deduplicated", "web", 79, 70, 9)]
     assert "web: prefiltered kept 80 but deduplicated received 79" in chain_breaks(funnel)
+
+
+def test_calibration_on_a_handful_of_unseen_documents_is_a_warning_naming_the_tolerance_key():
+    assert calibration_shortfall("web", 7, 323, 0.7, 0.05, 1.96) == (
+        "quality_heads[web]: thresholds calibrated on 7 unseen documents, fewer than the 323 that a keep "
+        "rate within calibration.keep_rate_tolerance 0.05 needs (z = 1.96): on new documents its keep "
+        "rate may be 0.339 off its target; calibration.keep_rate_tolerance: 0.339 accepts that, or the "
+        "source needs more documents than the oracle labels (oracle.per_source)"
+    )
+    assert calibration_shortfall("web", 0, 323, 0.7, 0.05, 1.96) == (
+        "quality_heads[web]: no unseen documents to calibrate on, so no thresholds and it cannot be "
+        "scored: the source needs more documents than the oracle labels (oracle.per_source)"
+    )
+    assert calibration_shortfall("web", 323, 323, 0.7, 0.05, 1.96) is None
+
+
+def test_a_source_at_its_epoch_cap_is_a_warning_naming_the_cap_and_the_weight():
+    shares = {
+        "small": {"capped": True, "short": True, "achieved_share": 0.014, "target_share": 0.05},
+        "big": {"capped": False, "short": False, "achieved_share": 0.986, "target_share": 0.95},
+    }
+    assert epoch_cap_shortfalls(shares, 4) == [
+        "tokenized_mixture: source 'small' is at its cap of 4 epochs and trains at 0.0140 of the mixture "
+        "against its target 0.0500: raise mixture.max_epochs, lower sources[small].mixture_weight, or "
+        "give the source more documents"
+    ]
+
+
+def test_a_share_off_target_names_the_weight_that_sets_it():
+    shares = {"prose": {"achieved_share": 0.46, "target_share": 0.5}}
+    assert share_error_violations(shares, ChecksConfig(max_share_error=0.02)) == [
+        "source 'prose': achieved share 0.4600 against target 0.5000 (error 0.0400 > checks.max_share_error "
+        "0.02); sources[prose].mixture_weight sets the target"
+    ]
+
+
+def test_small_sample_findings_are_warnings_not_errors():
+    result = problems_result("keep_rate_on_target", ["x"])
+    assert (result.passed, result.severity) == (False, dg.AssetCheckSeverity.WARN)
+    assert problems_result("rows_reconcile", ["x"]).severity == dg.AssetCheckSeverity.ERROR
+    specs = {
+        spec.name: spec.blocking
+        for asset in (quality_heads, tokenized_mixture, scored_documents)
+        for spec in asset.check_specs
+    }
+    warned = {
+        "calibrated_on_enough_documents",
+        "sources_within_epoch_cap",
+        "target_shares_met",
+        "keep_rate_on_target",
+    }
+    assert {name: specs[name] for name in warned} == dict.fromkeys(warned, False)
+    assert set(WARNING_CHECKS) == warned

@@ -5,7 +5,7 @@ import pyarrow as pa
 import yaml
 
 from moe_dag.cli import main as cli
-from moe_dag.cli.summary import format_summary
+from moe_dag.cli.summary import format_summary, warning_findings
 from moe_dag.config import load_config
 
 
@@ -85,3 +85,80 @@ def test_catalog_and_summary_report_the_kept_share_of_each_language(tmp_path):
     assert "kept share per language in 'web': 0.35 over 2 languages" in summary
     assert "el 0.00* (0/10)  en 0.70* (7/10)" in summary
     assert "lost every document: el" in summary
+
+
+def test_small_samples_and_shares_off_target_are_warnings_naming_their_keys(tmp_path):
+    """Issue 34, item 4: the warning checks' sentences, read back from the stages' own records."""
+    import json
+
+    from moe_dag.storage.catalog import Catalog
+    from moe_dag.storage.lake import Lake
+
+    path = write_config(tmp_path)
+    lake = Lake(tmp_path / "lake")
+    (lake.artifact_dir("quality_heads") / "heads.json").write_text(
+        json.dumps({"thresholds": {"web": {"n_calibration": 7, "n_needed": 897}}})
+    )
+    shares = {
+        "web": {"achieved_share": 0.986, "target_share": 0.5, "short": False},
+        "social": {"achieved_share": 0.014, "target_share": 0.5, "short": True},
+    }
+    (lake.artifact_dir("tokenized_mixture") / "mixture.json").write_text(json.dumps({"sources": shares}))
+    with duckdb.connect(str(tmp_path / "catalog.duckdb")) as con:
+        con.execute(
+            "CREATE TABLE stage_funnel AS SELECT * FROM (VALUES ('scored_documents', 'web', 31, 16, 15), "
+            "('scored_documents', 'social', 10, 7, 3)) t(stage, source, rows_in, kept, dropped)"
+        )
+    # The summary prints these lines after its sections (here heads.json holds only its thresholds).
+    summary = warning_findings(load_config(path), lake, Catalog(tmp_path / "catalog.duckdb", lake))
+    assert summary == [
+        "warnings (asset checks of warning severity):",
+        "  calibrated_on_enough_documents: quality_heads[social]: no unseen documents to calibrate on, so no "
+        "thresholds and it cannot be scored: the source needs more documents than the oracle labels "
+        "(oracle.per_source)",
+        "  calibrated_on_enough_documents: quality_heads[web]: thresholds calibrated on 7 unseen documents, "
+        "fewer than the 897 that a keep rate within calibration.keep_rate_tolerance 0.03 needs (z = 1.96): "
+        "on new documents its keep rate may be 0.339 off its target; calibration.keep_rate_tolerance: 0.339 "
+        "accepts that, or the source needs more documents than the oracle labels (oracle.per_source)",
+        "  keep_rate_on_target: scored_documents[web]: kept 16 of 31 documents (0.5161), 0.1839 from its "
+        "target keep rate 0.7 (sources[web].keep_rate), beyond calibration.keep_rate_tolerance 0.03",
+        "  target_shares_met: source 'social': achieved share 0.0140 against target 0.5000 (error 0.4860 > "
+        "checks.max_share_error 0.02); sources[social].mixture_weight sets the target",
+        "  target_shares_met: source 'web': achieved share 0.9860 against target 0.5000 (error 0.4860 > "
+        "checks.max_share_error 0.02); sources[web].mixture_weight sets the target",
+        "  sources_within_epoch_cap: tokenized_mixture: source 'social' is at its cap of 4 epochs and trains "
+        "at 0.0140 of the mixture against its target 0.5000: raise mixture.max_epochs, lower "
+        "sources[social].mixture_weight, or give the source more documents",
+    ]
+
+
+def test_other_languages_in_a_one_language_source_are_language_id_disagreements(tmp_path):
+    from moe_dag.storage.catalog import Catalog
+    from moe_dag.storage.lake import Lake
+
+    path = tmp_path / "pipeline.yaml"
+    source = {"name": "tweets", "kind": "social", "shards": str(tmp_path), "languages": ["en"]}
+    raw = {
+        "lake_root": str(tmp_path / "lake"),
+        "catalog_path": str(tmp_path / "c.duckdb"),
+        "sources": [source],
+    }
+    path.write_text(yaml.safe_dump(raw))
+    lake = Lake(tmp_path / "lake")
+    languages = ["en"] * 10 + ["it", "it", "id", "lb"]
+    ids = [f"d{i}" for i in range(len(languages))]
+    keep = [True] * 10 + [True, False, False, False]
+    for stage in ("prefiltered", "deduplicated", "scored_documents"):
+        table = pa.table({"id": ids, "source": ["tweets"] * len(ids), "language": languages, "keep": keep})
+        lake.write_table(
+            table.append_column("reason", pa.array([None] * len(ids), pa.string())), stage, "tweets"
+        )
+    catalog = Catalog(tmp_path / "c.duckdb", lake)
+    catalog.refresh({"prefiltered": True, "deduplicated": True, "scored_documents": True})
+    catalog.write_language_funnel()
+    summary = format_summary(load_config(path))
+    assert "lost every document" not in summary and "kept share per language in 'tweets'" not in summary
+    assert (
+        "language ID disagreements in 'tweets' (declared en): 4 documents named another language "
+        "(it 2, id 1, lb 1), 1 of them kept" in summary
+    )

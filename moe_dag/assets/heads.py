@@ -8,13 +8,14 @@ import dagster as dg
 from moe_dag.assets.operating import operated
 from moe_dag.assets.reporting import problems_result
 from moe_dag.assets.resources import PipelineResource
-from moe_dag.operations.bounds import head_agreement_violations
+from moe_dag.operations.bounds import calibration_shortfalls, head_agreement_violations
 from moe_dag.operations.plots import bars_png, png_markdown, scatter_png
 from moe_dag.quality.build_heads import distil_heads, labelled_documents
 from moe_dag.quality.oracle import rubric_for_kind
 from moe_dag.settings.quality import head_settings
 
 AGREES_WITH_ORACLE = "agrees_with_oracle"
+CALIBRATED = "calibrated_on_enough_documents"
 
 
 @dg.asset(
@@ -31,7 +32,14 @@ AGREES_WITH_ORACLE = "agrees_with_oracle"
             description="keep-decision F1 of the probe and of the judge against the oracle on the held-out "
             "labels is at least checks.min_head_f1 (blocking: heads that disagree with the oracle would "
             "spend the scoring of every document on wrong decisions)",
-        )
+        ),
+        dg.AssetCheckSpec(
+            CALIBRATED,
+            asset="quality_heads",
+            description="every source's thresholds were calibrated on as many unseen documents as a keep "
+            "rate within calibration.keep_rate_tolerance needs (a warning: on fewer, its keep rate on new "
+            "documents may miss its target by more; the check says by how much)",
+        ),
     ],
 )
 def quality_heads(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
@@ -55,6 +63,8 @@ def quality_heads(context: dg.AssetExecutionContext, pipeline: PipelineResource)
             calibration_config=settings.calibration,
         )
     metrics, heldout = heads.metrics, heads.heldout
+    stored_thresholds = {source: dataclasses.asdict(t) for source, t in heads.thresholds.items()}
+    calibration = settings.calibration
     for warning in heads.calibration_warnings:
         context.log.warning(f"quality_heads calibration: {warning}")
     context.log.info(
@@ -75,9 +85,7 @@ def quality_heads(context: dg.AssetExecutionContext, pipeline: PipelineResource)
             "version": heads.version,
             "labelled_documents": heads.labelled_documents,
             **{name: round(value, 4) for name, value in metrics.items()},
-            "thresholds": dg.MetadataValue.json(
-                {source: dataclasses.asdict(t) for source, t in heads.thresholds.items()}
-            ),
+            "thresholds": dg.MetadataValue.json(stored_thresholds),
             "calibration_warnings": dg.MetadataValue.json(heads.calibration_warnings),
             "dimension_agreement": dg.MetadataValue.md(png_markdown(spearman_plot, "Spearman per dimension")),
             "judge_vs_oracle": dg.MetadataValue.md(
@@ -91,6 +99,17 @@ def quality_heads(context: dg.AssetExecutionContext, pipeline: PipelineResource)
                 AGREES_WITH_ORACLE,
                 head_agreement_violations(metrics, settings.checks),
                 {f"{head}_f1": round(metrics[f"{head}_f1"], 4) for head in ("probe", "judge")},
-            )
+            ),
+            problems_result(
+                CALIBRATED,
+                calibration_shortfalls(
+                    stored_thresholds, settings.keep_rates, calibration.keep_rate_tolerance, calibration.z
+                ),
+                {
+                    "unseen_documents": dg.MetadataValue.json(
+                        {source: t.n_calibration for source, t in heads.thresholds.items()}
+                    )
+                },
+            ),
         ],
     )

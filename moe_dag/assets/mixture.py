@@ -11,13 +11,14 @@ from moe_dag.assets.resources import PipelineResource, RayResource
 from moe_dag.mixture.curated import TOKENS_STAGE as TOKENS_STAGE  # the mixture search reads them
 from moe_dag.mixture.curated import build_curated_mixture, train_curated_tokenizer
 from moe_dag.mixture.tokenizer import TOKENIZER_FILE as TOKENIZER_FILE  # the tokenizer's file in its folder
-from moe_dag.operations.bounds import share_error_violations, untrained_sources
+from moe_dag.operations.bounds import epoch_cap_shortfalls, share_error_violations, untrained_sources
 from moe_dag.operations.plots import bars_png, png_markdown
 from moe_dag.operations.refresh import Refresh
 from moe_dag.settings.training import mixture_settings, tokenizer_settings
 from moe_dag.storage.catalog import MIXTURE_SEQUENCE_STAGES
 
 WEIGHTED_SOURCES_TRAINED = "weighted_sources_trained"
+WITHIN_EPOCH_CAP = "sources_within_epoch_cap"
 # The mixture follows new scored documents when some source's kept documents moved past a share.
 REMIX = Refresh(population="scored_documents", threshold="remix_after_change")
 SEQUENCES_STAGE = MIXTURE_SEQUENCE_STAGES[0]  # the curated mixture's sequence map
@@ -60,7 +61,13 @@ def tokenizer(pipeline: PipelineResource, ray: RayResource) -> dg.MaterializeRes
             "target_shares_met",
             asset="tokenized_mixture",
             description="every source's achieved token share is within checks.max_share_error of its target "
-            "(non-blocking: a small source at its epoch cap, or an emptied one, is worth a look, not a stop)",
+            "(a warning: a small source at its epoch cap, or an emptied one, is worth a look, not a stop)",
+        ),
+        dg.AssetCheckSpec(
+            WITHIN_EPOCH_CAP,
+            asset="tokenized_mixture",
+            description="no source reached its mixture.max_epochs cap while the others went on (a warning: "
+            "such a source trains at less than its share)",
         ),
         dg.AssetCheckSpec(
             WEIGHTED_SOURCES_TRAINED,
@@ -117,6 +124,11 @@ def tokenized_mixture(
                     ),
                     "warnings": dg.MetadataValue.json(report["warnings"]),
                 },
+            ),
+            problems_result(
+                WITHIN_EPOCH_CAP,
+                epoch_cap_shortfalls(shares, settings.mixture.max_epochs),
+                {"epochs": dg.MetadataValue.json({n: round(shares[n]["epochs"], 4) for n in names})},
             ),
             problems_result(
                 WEIGHTED_SOURCES_TRAINED,

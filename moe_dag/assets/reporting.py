@@ -188,11 +188,23 @@ def _bound_result(
     )
 
 
+# Checks whose failure is a finding to look at, not an error: each a small sample or a share off its
+# target, shown as a warning in the UI and in `moe-dag summary`, with the config key that changes it.
+WARNING_CHECKS = (
+    "calibrated_on_enough_documents",
+    "keep_rate_on_target",
+    "target_shares_met",
+    "sources_within_epoch_cap",
+)
+
+
 def problems_result(check: str, problems: list[str], figures: dict | None = None) -> dg.AssetCheckResult:
-    """A check result that fails with its problems, one sentence each, in the description and metadata."""
+    """A check result that fails with its problems, one sentence each, in the description and metadata;
+    of warning severity for WARNING_CHECKS."""
     return dg.AssetCheckResult(
         check_name=check,
         passed=not problems,
+        severity=dg.AssetCheckSeverity.WARN if check in WARNING_CHECKS else dg.AssetCheckSeverity.ERROR,
         description="; ".join(problems) or None,
         metadata={"problems": dg.MetadataValue.json(problems), **(figures or {})},
     )

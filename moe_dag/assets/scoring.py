@@ -48,7 +48,9 @@ RESCORE_ON_NEW_HEADS = (
         dg.AssetCheckSpec(
             KEEP_RATE,
             asset="scored_documents",
-            description="the kept share is within the calibration tolerance of the source's keep rate",
+            description="the kept share is within calibration.keep_rate_tolerance of the source's keep rate "
+            "(a warning: thresholds calibrated on few documents miss it; quality_heads' "
+            "calibrated_on_enough_documents says by how much)",
         ),
     ],
 )

@@ -7,6 +7,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from moe_dag.config import PipelineConfig
+from moe_dag.operations.bounds import (
+    calibration_shortfalls,
+    epoch_cap_shortfalls,
+    keep_rate_violation,
+    share_error_violations,
+)
 from moe_dag.storage.catalog import FUNNEL_STAGES, Catalog, CatalogError
 from moe_dag.storage.lake import Lake
 
@@ -20,7 +26,8 @@ def format_summary(config: PipelineConfig) -> str:
     lines += _section(
         "documents per stage", "document_catalog", lambda: _funnel(catalog, config.source_names)
     )
-    lines += _section("kept share per language", "document_catalog", lambda: _languages(catalog))
+    declared = {source.name: source.languages for source in config.sources}
+    lines += _section("kept share per language", "document_catalog", lambda: _languages(catalog, declared))
     lines += _section("duplicates", "deduplicated, document_catalog", lambda: _dedup(catalog))
     lines += _section(
         "injected noise", "toxicity_filtered, document_catalog", lambda: _injected_noise(catalog)
@@ -39,6 +46,7 @@ def format_summary(config: PipelineConfig) -> str:
         "proxy evaluation", "proxy_eval", lambda: _evaluation(catalog, lake.artifact_dir("moe_proxy"))
     )
     lines += _section("comparisons", "curation_gain, moe_gain", lambda: _comparisons(lake))
+    lines += warning_findings(config, lake, catalog)
     lines.append(f"catalog: {catalog.path}  (try: .venv/bin/moe-dag query 'SELECT * FROM stage_funnel')")
     return "\n".join(lines)
 
@@ -84,13 +92,19 @@ def _funnel(catalog: Catalog, sources: list[str]) -> list[str]:
 LANGUAGE_GAP = 0.15  # a language kept this much above or below its source's share is marked
 
 
-def _languages(catalog: Catalog) -> list[str]:
+def _languages(catalog: Catalog, declared: dict[str, list[str] | None]) -> list[str]:
     """Per source with more than one language: its kept share, then each language's, lowest first; a
-    language far from its source's share is marked, one that kept nothing is named."""
+    language far from its source's share is marked, one that kept nothing is named. In a source declared
+    in one language, documents language ID placed in another are its mistakes, not languages: counted
+    as disagreements."""
     rows = catalog.query("SELECT source, language, documents, kept FROM language_funnel ORDER BY ALL")
     lines = []
     for source in sorted({row[0] for row in rows}):
         mine = [(language, n, k) for src, language, n, k in rows if src == source and language != "und"]
+        only = declared.get(source) or []
+        if len(only) == 1:
+            lines += _disagreements(source, only[0], [row for row in mine if row[0] != only[0]])
+            mine = [row for row in mine if row[0] == only[0]]
         if len(mine) < 2:
             continue
         documents, kept = sum(n for _, n, _ in mine), sum(k for _, _, k in mine)
@@ -111,6 +125,19 @@ def _languages(catalog: Catalog) -> list[str]:
                 f"  lost every document: {', '.join(lost)} (* = more than {LANGUAGE_GAP} from {share:.2f})"
             )
     return lines
+
+
+def _disagreements(source: str, language: str, others: list[tuple[str, int, int]]) -> list[str]:
+    """One line for the documents of a one-language source that language ID named another language."""
+    if not others:
+        return []
+    ranked = sorted(others, key=lambda row: (-row[1], row[0]))
+    cells = ", ".join(f"{other} {n}" for other, n, _ in ranked)
+    documents, kept = sum(n for _, n, _ in others), sum(k for _, _, k in others)
+    return [
+        f"language ID disagreements in {source!r} (declared {language}): {documents} documents named another "
+        f"language ({cells}), {kept} of them kept"
+    ]
 
 
 def _dedup(catalog: Catalog) -> list[str]:
@@ -198,6 +225,41 @@ def _evaluation(catalog: Catalog, runs: Path) -> list[str]:
         f"over {overall['documents']} documents, step {report['step']})",
         f"  per source: {per_source}",
     ]
+
+
+def warning_findings(config: PipelineConfig, lake: Lake, catalog: Catalog) -> list[str]:
+    """The warning checks' findings (`moe_dag/assets/reporting.WARNING_CHECKS`), each sentence written
+    from the record its stage left, as the check wrote it: a small sample or a share off its target, with
+    the key that changes it. Nothing when there is none; a stage not materialised yet has none."""
+    keep_rates = {source.name: source.keep_rate for source in config.sources}
+    calibration = config.calibration
+    found: list[tuple[str, str]] = []
+    heads = lake.artifact_dir("quality_heads") / "heads.json"
+    if heads.exists():
+        thresholds = json.loads(heads.read_text())["thresholds"]
+        shortfalls = calibration_shortfalls(
+            thresholds, keep_rates, calibration.keep_rate_tolerance, calibration.z
+        )
+        found += [("calibrated_on_enough_documents", sentence) for sentence in shortfalls]
+    try:
+        scored = catalog.query(
+            "SELECT source, rows_in, kept FROM stage_funnel WHERE stage = 'scored_documents' ORDER BY source"
+        )
+    except CatalogError:
+        scored = []
+    for source, rows_in, kept in scored:
+        off = keep_rate_violation(source, kept, rows_in, keep_rates[source], calibration.keep_rate_tolerance)
+        found += [("keep_rate_on_target", off)] if off else []
+    mixture = lake.artifact_dir("tokenized_mixture") / "mixture.json"
+    if mixture.exists():
+        shares = json.loads(mixture.read_text())["sources"]
+        found += [("target_shares_met", s) for s in share_error_violations(shares, config.checks)]
+        found += [
+            ("sources_within_epoch_cap", s) for s in epoch_cap_shortfalls(shares, config.mixture.max_epochs)
+        ]
+    if not found:
+        return []
+    return ["warnings (asset checks of warning severity):", *(f"  {check}: {text}" for check, text in found)]
 
 
 # (asset, what its gain means): the comparisons' runs leave comparison.json in their run folder.

@@ -31,7 +31,7 @@ else under `out_dir` is read outside this package):
 Token budget. With `total_tokens` set, the build packs total_tokens // (seq_len + 1) sequences. With it
 None, the budget is the largest one at which every source still meets its share: documents are drawn
 until the first source reaches its `max_epochs` cap. Either way a source that hits its cap while others
-go on is flagged `short` in the report, with a warning that says so.
+go on is flagged `short` in the report (the asset check `sources_within_epoch_cap` says so).
 
 Every step is a function of the inputs and the config, and nothing in the report depends on the clock or
 the output path, so rebuilding with the same inputs rewrites byte-identical files.
@@ -446,11 +446,6 @@ def _report(
                 f"(heldout_min_documents={config.heldout_min_documents}, heldout_max_share="
                 f"{config.heldout_max_share}): it is scored but not trained on, "
                 "and the other sources' shares grow to fill its target"
-            )
-        if short:
-            warnings.append(
-                f"source {source!r} hit its cap of {config.max_epochs} epochs; achieved share "
-                f"{achieved:.4f} fell short of its target {target:.4f}"
             )
     if wanted is not None and total < wanted:
         warnings.append(f"every source hit its epoch cap: packed {total} of the {wanted} tokens asked for")

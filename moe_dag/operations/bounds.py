@@ -336,9 +336,58 @@ def share_error_violations(shares: Mapping[str, Mapping[str, Any]], config: Chec
             found.append(
                 f"source {source!r}: achieved share {figures['achieved_share']:.4f} against target "
                 f"{figures['target_share']:.4f} (error {error:.4f} > checks.max_share_error "
-                f"{config.max_share_error})"
+                f"{config.max_share_error}); sources[{source}].mixture_weight sets the target"
             )
     return found
+
+
+def epoch_cap_shortfalls(shares: Mapping[str, Mapping[str, Any]], max_epochs: float) -> list[str]:
+    """One sentence per source that reached its epoch cap while the others went on, so its share fell short
+    (the mixture report's `short`)."""
+    return [
+        f"tokenized_mixture: source {source!r} is at its cap of {max_epochs:g} epochs and trains at "
+        f"{figures['achieved_share']:.4f} of the mixture against its target {figures['target_share']:.4f}: "
+        f"raise mixture.max_epochs, lower sources[{source}].mixture_weight, or give the source more documents"
+        for source, figures in sorted(shares.items())
+        if figures["short"]
+    ]
+
+
+def calibration_shortfalls(
+    thresholds: Mapping[str, Mapping[str, Any]], keep_rates: Mapping[str, float], tolerance: float, z: float
+) -> list[str]:
+    """`calibration_shortfall` for each source with a keep rate; `thresholds`: per source, its calibrated
+    thresholds as stored (n_calibration, n_needed), absent where it had no unseen documents."""
+    found = []
+    for source, keep_rate in sorted(keep_rates.items()):
+        calibrated = thresholds.get(source, {"n_calibration": 0, "n_needed": 1})
+        unseen, needed = calibrated["n_calibration"], calibrated["n_needed"]
+        if problem := calibration_shortfall(source, unseen, needed, keep_rate, tolerance, z):
+            found.append(problem)
+    return found
+
+
+def calibration_shortfall(
+    source: str, unseen: int, needed: int, keep_rate: float, tolerance: float, z: float
+) -> str | None:
+    """A sentence when `source`'s thresholds were calibrated on fewer unseen documents than the configured
+    keep-rate precision (`calibration.keep_rate_tolerance` at `z` sigmas) needs, with the precision they
+    give: the tolerance that would accept them."""
+    more = "the source needs more documents than the oracle labels (oracle.per_source)"
+    if unseen == 0:
+        return (
+            f"quality_heads[{source}]: no unseen documents to calibrate on, so no thresholds and it cannot "
+            f"be scored: {more}"
+        )
+    if unseen >= needed:
+        return None
+    margin = z * math.sqrt(keep_rate * (1 - keep_rate) / unseen)
+    return (
+        f"quality_heads[{source}]: thresholds calibrated on {unseen} unseen documents, fewer than the "
+        f"{needed} that a keep rate within calibration.keep_rate_tolerance {tolerance:g} needs (z = {z:g}): "
+        f"on new documents its keep rate may be {margin:.3f} off its target; "
+        f"calibration.keep_rate_tolerance: {margin:.3f} accepts that, or {more}"
+    )
 
 
 def loss_trend(losses: Sequence[float], config: ChecksConfig) -> tuple[list[str], dict[str, float]]:

@@ -95,6 +95,6 @@ def distil_heads(
         labelled_documents=labelled.num_rows,
         metrics=metrics,
         thresholds=thresholds,
-        calibration_warnings=calibration_warnings(thresholds, keep_rates, calibration_config),
+        calibration_warnings=calibration_warnings(thresholds, calibration_config),
         heldout=trained.heldout,
     )

@@ -157,9 +157,9 @@ def calibrate_sources(
     """Thresholds per source from both heads' scores on its calibration documents (id, text, source).
 
     `documents` must be unseen by the heads (held-out labels, calibration sample). A source without any
-    gets no thresholds; `calibration_warnings` reports it. `trained_on` (the same columns): the documents
-    the heads trained on; those of a language short of unseen documents (`min_unseen_per_language`) join
-    its language group's calibration, never the source's.
+    gets no thresholds; the asset check `calibrated_on_enough_documents` reports it. `trained_on` (the same
+    columns): the documents the heads trained on; those of a language short of unseen documents
+    (`min_unseen_per_language`) join its language group's calibration, never the source's.
     """
     thresholds = {}
     for source, keep_rate in keep_rates.items():
@@ -194,32 +194,16 @@ def _seen_of_small_languages(
     return seen.filter(pc.invert(pc.is_in(seen["language"], value_set=pa.array(large, pa.string()))))
 
 
-def calibration_warnings(
-    thresholds: Mapping[str, Thresholds], keep_rates: Mapping[str, float], config: CalibrationConfig
-) -> list[str]:
-    """Where each source's calibration falls short of the configuration, one line per shortfall."""
-    warnings = []
-    for source, keep_rate in keep_rates.items():
-        t = thresholds.get(source)
-        if t is None:
-            warnings.append(
-                f"{source}: no unseen documents to calibrate on, so no thresholds; it cannot be scored"
-            )
-            continue
-        if t.n_calibration < t.n_needed:
-            margin = config.z * math.sqrt(keep_rate * (1 - keep_rate) / t.n_calibration)
-            warnings.append(
-                f"{source}: calibrated on all {t.n_calibration} of its unseen documents, fewer than the "
-                f"{t.n_needed} that a keep rate within +-{config.keep_rate_tolerance:g} needs "
-                f"(z = {config.z:g}); on new documents of this source expect +-{margin:.3f}"
-            )
-        if t.early_exit_rate == 0.0:
-            warnings.append(
-                f"{source}: no early exit (the probe cannot pick out exits with at most "
-                f"{config.max_exit_error:.0%} the judge would decide otherwise on {t.n_calibration} "
-                "documents); every document runs to the judge"
-            )
-    return warnings
+def calibration_warnings(thresholds: Mapping[str, Thresholds], config: CalibrationConfig) -> list[str]:
+    """Sources whose calibration found no early exit, one line each (too few unseen documents is the asset
+    check `calibrated_on_enough_documents`)."""
+    return [
+        f"{source}: no early exit (the probe cannot pick out exits with at most "
+        f"{config.max_exit_error:.0%} the judge would decide otherwise on {t.n_calibration} "
+        "documents); every document runs to the judge"
+        for source, t in thresholds.items()
+        if t.early_exit_rate == 0.0
+    ]
 
 
 def early_exit_summary(scored: pa.Table, config: BackboneConfig) -> dict[str, float]:
