@@ -19,7 +19,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from moe_dag.curation.dedup import MinHashConfig
 from moe_dag.curation.demo_corpus import DemoCorpusConfig
@@ -34,14 +34,28 @@ from moe_dag.operations.refresh import RefreshConfig
 from moe_dag.quality.heads import BackboneConfig, CalibrationConfig, HeadTrainConfig
 from moe_dag.quality.oracle import LabellingConfig, OpenAICompatibleConfig, VLLMEngineConfig
 from moe_dag.storage.schema import SOURCE_KINDS, SourceKind
-from moe_dag.training.config import Config, override_settings, preset
-from moe_dag.training.strict_config import ConfigError, build, checked_changes, read_yaml
+from moe_dag.training.config import MAX_STEPS, Config, override_settings, preset
+from moe_dag.training.strict_config import (
+    NON_EMPTY,
+    ConfigError,
+    Range,
+    build,
+    check_ranges,
+    checked_changes,
+    read_yaml,
+)
 
 CONFIG_ENV_VAR = "MOE_DAG_CONFIG"
 DEFAULT_CONFIG = "configs/demo.yaml"
 
 
 SOURCE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+# Upper bounds (docs/configuration.md, "Ranges"): torchrun processes on one node (one per GPU, or one
+# per core on CPU: 128 covers the largest machines of either), nodes in one training run, and documents
+# the oracle labels per source (a million gpt-oss-120B labels is days of a large vLLM cluster).
+MAX_PROCESSES_PER_NODE = 128
+MAX_NODES = 4096
+MAX_LABELS_PER_SOURCE = 1_000_000
 
 
 @dataclass(kw_only=True)
@@ -50,16 +64,18 @@ class SourceConfig:
 
     name: str
     kind: SourceKind  # one of SOURCE_KINDS: "code", or a kind of text ("web", "reference", ...)
-    shards: str  # a local folder or an fsspec URL holding .jsonl[.gz|.zst] or .parquet shards
+    # A local folder or an fsspec URL holding .jsonl[.gz|.zst] or .parquet shards.
+    shards: Annotated[str, NON_EMPTY]
     languages: list[str] | None = None  # None: skip language ID; []: any confidently identified language
     keep_rate: float = 0.7  # the share of scored documents the quality heads keep
-    mixture_weight: float = 1.0  # relative share of training tokens
+    mixture_weight: Annotated[float, Range(0, above_low=True)] = 1.0  # relative share of training tokens
     # Prefilter fields that differ for this source (e.g. a punctuation rule unfit for UI strings).
     prefilter: dict[str, Any] = field(default_factory=dict)
     # Toxicity fields that differ for this source (e.g. `max_toxic_share` for a source of heated posts).
     toxicity: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        check_ranges(self)
         # The name becomes a partition key, a lake folder (`source=<name>`) and a DuckDB value.
         if not SOURCE_NAME.fullmatch(self.name):
             raise ConfigError(
@@ -83,7 +99,7 @@ class SourceConfig:
 @dataclass(kw_only=True)
 class OracleConfig:
     backend: Literal["rules", "openai", "vllm"] = "rules"
-    per_source: int = 200  # documents labelled per source
+    per_source: Annotated[int, Range(1, MAX_LABELS_PER_SOURCE)] = 200  # documents labelled per source
     seed: int = 0
     labelling: LabellingConfig = field(default_factory=LabellingConfig)  # cache commits, give-up rule
     max_failure_rate: float = 0.02  # share of the sample left unlabelled before oracle_labels fails
@@ -91,12 +107,11 @@ class OracleConfig:
     vllm: VLLMEngineConfig = field(default_factory=VLLMEngineConfig)  # backend "vllm"
 
     def __post_init__(self) -> None:
+        check_ranges(self)
         if self.backend not in ("rules", "openai", "vllm"):
             raise ValueError(f"oracle.backend must be rules, openai or vllm, got {self.backend!r}")
         if not 0.0 <= self.max_failure_rate <= 1.0:
             raise ValueError(f"oracle.max_failure_rate must be in [0, 1], got {self.max_failure_rate}")
-        if self.per_source < 1:
-            raise ConfigError(f"must be at least 1, got {self.per_source}", "per_source")
 
 
 @dataclass(kw_only=True)
@@ -104,14 +119,14 @@ class TrainingLaunchConfig:
     """How the `moe_proxy` asset launches `python -m moe_dag.training` (or torchrun)."""
 
     preset: str = "demo"
-    steps: int = 300
+    steps: Annotated[int, Range(1, MAX_STEPS)] = 300
     seed: int = 0
-    nproc_per_node: int = 1
+    nproc_per_node: Annotated[int, Range(1, MAX_PROCESSES_PER_NODE)] = 1
     # Several nodes (docs/training.md, "Several nodes"): one torchrun agent per node, c10d rendezvous at
     # `rdzv_endpoint` (host:port; None: node 0's address and a free port there). The agents run as
     # tasks one per node of the Ray cluster at `ray_address` (None: `ray.address`; neither: all on this
     # machine, for tests and the demo); every node must mount the lake at the same path.
-    nnodes: int = 1
+    nnodes: Annotated[int, Range(1, MAX_NODES)] = 1
     rdzv_endpoint: str | None = None
     ray_address: str | None = None
     overrides: dict[str, Any] = field(default_factory=dict)  # typed settings by dotted key
@@ -122,9 +137,7 @@ class TrainingLaunchConfig:
     resolved: Config = field(init=False)
 
     def __post_init__(self) -> None:
-        for name in ("steps", "nproc_per_node", "nnodes"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"must be at least 1, got {getattr(self, name)}", name)
+        check_ranges(self)
         host, _, port = (self.rdzv_endpoint or "h:1").rpartition(":")
         if not host or not port.isdigit():
             raise ConfigError(f"must be host:port, got {self.rdzv_endpoint!r}", "rdzv_endpoint")
@@ -146,8 +159,8 @@ class TrainingLaunchConfig:
 @dataclass(kw_only=True)
 class PipelineConfig:
     path: Path
-    lake_root: str
-    catalog_path: str
+    lake_root: Annotated[str, NON_EMPTY]
+    catalog_path: Annotated[str, NON_EMPTY]
     sources: list[SourceConfig]
     prefilter: PrefilterConfig = field(default_factory=PrefilterConfig)
     toxicity: ToxicityConfig = field(default_factory=ToxicityConfig)
@@ -168,6 +181,9 @@ class PipelineConfig:
     refresh: RefreshConfig = field(default_factory=RefreshConfig)
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)  # neutral and user sets
     mixture_search: MixtureSearchConfig = field(default_factory=MixtureSearchConfig)  # search-mixture
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
 
     @property
     def source_names(self) -> list[str]:
@@ -239,9 +255,6 @@ def _check_across_fields(config: PipelineConfig, origin: str) -> None:
     names = config.source_names
     if len(set(names)) != len(names):
         raise ConfigError(f"source names must be unique, got {names}", "sources", origin)
-    # Weights are relative shares: any non-negative numbers (checked on load), but not all zero.
-    if not any(source.mixture_weight > 0 for source in config.sources):
-        raise ConfigError("at least one source needs a mixture_weight above 0", "sources", origin)
     unknown_sources = sorted(set(config.checks.max_drop_share_by_source) - set(names))
     if unknown_sources:
         raise ConfigError(

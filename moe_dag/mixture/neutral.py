@@ -34,6 +34,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
 import pyarrow as pa
@@ -48,6 +49,7 @@ from moe_dag.mixture.sampler import stable_hash
 from moe_dag.storage.atomic import atomic_path
 from moe_dag.storage.lake import Lake, read_batches
 from moe_dag.storage.readers import read_shard
+from moe_dag.training.strict_config import NON_EMPTY
 
 NEUTRAL_SET = "neutral"
 NEUTRAL_STAGE = "neutral_documents"  # the lake table of the neutral documents (source, id, text)
@@ -74,7 +76,7 @@ class EvaluationConfig:
     # it as small a share as a large one); 0 turns it off.
     neutral_share: float = NEUTRAL_SHARE
     # Name -> path of a jsonl or parquet file in the raw shard format, scored beside the neutral set.
-    user_sets: dict[str, str] = field(default_factory=dict)
+    user_sets: dict[str, Annotated[str, NON_EMPTY]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not 0 <= self.neutral_share < 1:

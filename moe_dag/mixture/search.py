@@ -28,23 +28,27 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import pyarrow as pa
 
 from moe_dag.mixture.build import HELDOUT_SCHEMA, MixtureConfig, pack_mixture
 from moe_dag.mixture.token_shards import SourceTokens
+from moe_dag.training.config import MAX_STEPS
+from moe_dag.training.strict_config import Range, check_ranges
 
 AVERAGE = "average"  # the target: the mean over sources of each source's neutral bits per byte
 Z95 = 1.96
 _ALPHAS = np.logspace(-4, 2, 13)
 _MIN_SHARE = 1e-4  # log features need a floor; a share this small is a source left out in practice
+# At least 4 proxies for a leave-one-out fit; at most 4,096 (RegMix trained 512: each is a training run).
+MAX_CANDIDATES = 4096
 
 
 @dataclass(kw_only=True)
 class MixtureSearchConfig:
-    candidates: int = 16
+    candidates: Annotated[int, Range(4, MAX_CANDIDATES)] = 16
     # Dirichlet alpha_s = concentration x configured share_s. 3 (alpha 0.6-1.5 for the demo's shares)
     # samples widely, as RegMix does: a source's log share then varies about 2.4 times as much as at 10,
     # so the candidates' losses differ by several times the training noise and the fit can rank them
@@ -54,7 +58,7 @@ class MixtureSearchConfig:
     # The swarm's proxies: a preset of configs/models/ (None: the training section's), its steps, and
     # overrides on top. `swarm` is a 0.8M-parameter MoE, RegMix's proxy scale.
     preset: str | None = "swarm"
-    steps: int = 200
+    steps: Annotated[int, Range(1, MAX_STEPS)] = 200
     overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
     parallel: int = 2  # proxies trained at once (one per core on CPU, one per GPU)
     # Seeds (initialisation and each source's document order) of the two proxies that decide: the
@@ -67,14 +71,12 @@ class MixtureSearchConfig:
     min_neutral_documents: int = 20
 
     def __post_init__(self) -> None:
-        if self.candidates < 4:
-            raise ValueError(f"candidates must be at least 4 for a leave-one-out fit, got {self.candidates}")
+        check_ranges(self)
         if self.concentration <= 0:
             raise ValueError(f"concentration must be positive, got {self.concentration}")
-        if self.steps < 1 or self.parallel < 1 or self.final_seeds < 1:
+        if self.parallel < 1 or self.final_seeds < 1:
             raise ValueError(
-                f"steps, parallel and final_seeds must be at least 1, got {self.steps}, {self.parallel}, "
-                f"{self.final_seeds}"
+                f"parallel and final_seeds must be at least 1, got {self.parallel}, {self.final_seeds}"
             )
         if self.min_neutral_documents < 1:
             raise ValueError(f"min_neutral_documents must be at least 1, got {self.min_neutral_documents}")

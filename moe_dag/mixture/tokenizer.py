@@ -10,8 +10,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from moe_dag.training.config import MAX_VOCAB_SIZE
+from moe_dag.training.strict_config import Range, check_ranges
 
 TOKENIZER_FILE = "tokenizer.json"
 # Words whose BPE merges the model remembers. The library's default, 10,000, fills early on real text and
@@ -22,11 +26,13 @@ TOKENIZER_FILE = "tokenizer.json"
 # cache warm), so loaded tokenizers get the room (a warm worker process keeps its tokenizer over
 # shards and sources: StageSpec.warm), copies do not.
 WORD_CACHE = 1 << 18
+# 256 byte symbols plus the two special tokens are the floor: at that size BPE cannot learn a single merge.
+SMALLEST_VOCAB_SIZE = len(pre_tokenizers.ByteLevel.alphabet()) + 3
 
 
 @dataclass(kw_only=True)
 class TokenizerConfig:
-    vocab_size: int = 4096
+    vocab_size: Annotated[int, Range(SMALLEST_VOCAB_SIZE, MAX_VOCAB_SIZE)] = 4096
     min_frequency: int = 2
     eos_token: str = "<|endoftext|>"
     pad_token: str = "<|pad|>"
@@ -39,10 +45,7 @@ class TokenizerConfig:
     max_training_documents: int = 4096
 
     def __post_init__(self) -> None:
-        # 256 byte symbols plus the special tokens are the floor: below that BPE cannot learn a single merge.
-        floor = len(pre_tokenizers.ByteLevel.alphabet()) + 2
-        if self.vocab_size <= floor:
-            raise ValueError(f"TokenizerConfig.vocab_size={self.vocab_size} must exceed {floor}")
+        check_ranges(self)
         if self.min_frequency < 1:
             raise ValueError(f"TokenizerConfig.min_frequency={self.min_frequency} must be at least 1")
         if self.max_training_documents < 1:

@@ -23,9 +23,18 @@ import dataclasses
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from moe_dag.training.strict_config import ConfigError, build, nested, read_yaml, update, yaml_value
+from moe_dag.training.strict_config import (
+    ConfigError,
+    Range,
+    build,
+    check_ranges,
+    nested,
+    read_yaml,
+    update,
+    yaml_value,
+)
 
 AttentionKind = Literal["mha", "gqa", "swa", "mla", "nsa", "kda"]
 RouterScore = Literal["sigmoid", "softmax"]
@@ -37,6 +46,12 @@ PrecisionRecipeName = Literal["fp32", "bf16", "fp8", "fp8-emulated", "nvfp4", "n
 FP8Scaling = Literal["delayed", "current", "block"]
 DataParallelKind = Literal["ddp", "fsdp", "hsdp"]
 StopOn = Literal["never", "nan", "nan_or_spike"]
+
+# Upper bounds of sizes a config may ask for (docs/configuration.md, "Ranges"): 10^7 optimizer steps is
+# ten times a frontier pretraining run's; 2^20 token ids is four times the largest vocabulary in use
+# (Gemma's 262,144), and the token shards' ids must fit uint32.
+MAX_STEPS = 10_000_000
+MAX_VOCAB_SIZE = 1 << 20
 
 # The repository's preset folder; `preset()` also takes a path to a YAML file anywhere.
 PRESET_DIR = Path(__file__).resolve().parents[2] / "configs" / "models"
@@ -75,7 +90,7 @@ class KDAConfig:
 
 @dataclass(kw_only=True, slots=True)
 class ModelConfig:
-    vocab_size: int = 50304
+    vocab_size: Annotated[int, Range(1, MAX_VOCAB_SIZE)] = 50304
     seq_len: int = 2048
     d_model: int = 768
     n_layers: int = 12
@@ -114,7 +129,8 @@ class ModelConfig:
     init_std: float = 0.02
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "seq_len", "d_model", "n_layers", "n_heads", "n_kv_heads", "num_experts"):
+        check_ranges(self)
+        for name in ("seq_len", "d_model", "n_layers", "n_heads", "n_kv_heads", "num_experts"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"must be at least 1, got {getattr(self, name)}", name)
         if self.d_model % self.n_heads:
@@ -228,7 +244,7 @@ class HealthConfig:
 
 @dataclass(kw_only=True, slots=True)
 class TrainConfig:
-    steps: int = 1000
+    steps: Annotated[int, Range(0, MAX_STEPS)] = 1000
     batch_size: int = 16  # sequences per rank per micro-step
     grad_accum_steps: int = 1
     seed: int = 0
@@ -243,11 +259,10 @@ class TrainConfig:
     wandb_project: str = "moe-dag"
 
     def __post_init__(self) -> None:
+        check_ranges(self)
         for name in ("batch_size", "grad_accum_steps", "log_every", "checkpoint_every", "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise ValueError(f"train.{name}={getattr(self, name)} must be at least 1")
-        if self.steps < 0:
-            raise ValueError(f"train.steps={self.steps} must not be negative")
 
 
 @dataclass(kw_only=True, slots=True)

@@ -10,7 +10,10 @@ field types, so a config class added or split later is checked without touching 
 - every value must have its field's type exactly: a string is not a number, a bool is not an int, a
   scalar is not a list; a `Literal` field takes one of its values; nested dataclasses are built alike;
 - numbers must be finite and not negative, and fields named `*_fraction`, `*_rate`, `*_probability` or
-  `*_utilization` lie in [0, 1]; ranges and rules particular to one class are its `__post_init__`'s.
+  `*_utilization` lie in [0, 1];
+- a field's own range is declared on its type, `Annotated[int, Range(1, 1024)]` (`NON_EMPTY` for a path
+  or name that must not be empty), and refused here with the range; `declared_ranges` lists them for the
+  docs. Rules across fields of one class are its `__post_init__`'s.
 
 Errors are `ConfigError`s that read `<file>: <key.path>: <problem>`. This lives in the training room
 because the trainer loads presets on its own (torchrun needs no pipeline), and the training room imports
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import re
 import types
@@ -32,6 +36,41 @@ from typing import Any, Literal
 import yaml
 
 UNIT_INTERVAL_SUFFIXES = ("fraction", "rate", "probability", "utilization")
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """The numbers a field takes, declared on its type: `steps: Annotated[int, Range(1, 10_000_000)]`.
+    `above_low`: the low end itself is refused (a weight must be above 0)."""
+
+    low: float
+    high: float = math.inf
+    above_low: bool = False
+
+    def __str__(self) -> str:
+        if self.high == math.inf:
+            return f"{'>' if self.above_low else '>='} {self.low!r}"
+        return f"{'(' if self.above_low else '['}{self.low!r}, {self.high!r}]"
+
+    def refusal(self, value: float) -> str | None:
+        too_low = value <= self.low if self.above_low else value < self.low
+        if not too_low and value <= self.high:
+            return None
+        return f"must be {str(self) if self.high == math.inf else f'in {self}'}, got {value!r}"
+
+
+@dataclasses.dataclass(frozen=True)
+class NonEmpty:
+    """A path or name that must hold more than blanks (an empty path would mean the working directory)."""
+
+    def __str__(self) -> str:
+        return "not empty"
+
+    def refusal(self, value: str | Path) -> str | None:
+        return "must not be empty" if not str(value).strip() else None
+
+
+NON_EMPTY = NonEmpty()
 
 
 class ConfigError(ValueError):
@@ -47,6 +86,10 @@ class ConfigError(ValueError):
         if self.origin:
             return self
         return ConfigError(self.problem, join_key(key, self.key), origin)
+
+
+class WrongType(ConfigError):
+    """A value not of its field's type (as opposed to a value of the right type that is out of range)."""
 
 
 def join_key(parent: str, child: str) -> str:
@@ -141,7 +184,7 @@ def build(cls: type, values: Any, origin: str, key: str = "", base: Any = None) 
             given = name in values
             if not given and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 raise ConfigError("missing (required)", join_key(key, name), origin)
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)
     kwargs = {
         name: coerce(
             hints[name], value, origin, join_key(key, name), None if base is None else getattr(base, name)
@@ -168,7 +211,7 @@ def checked_changes(cls: type, values: Any, origin: str, key: str) -> dict[str, 
     if not isinstance(values, Mapping):
         raise _type_error("a mapping", values, key, origin)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)
     changes = {}
     for name, value in values.items():
         if name not in fields:
@@ -196,13 +239,21 @@ def coerce(annotation: Any, value: Any, origin: str, key: str, base: Any = None)
                 return coerce(option, value, origin, key, nested_base)
             except ConfigError as error:
                 errors.append(error)
-        deeper = [error for error in errors if error.key != key]
-        raise deeper[0] if len(errors) == 1 and deeper else _type_error(annotation, value, key, origin)
+        # An option whose type the value has refused it for what it is: say that, not the union's types.
+        precise = [error for error in errors if error.key != key or not isinstance(error, WrongType)]
+        raise precise[0] if precise else _type_error(annotation, value, key, origin)
+    if origin_type is typing.Annotated:
+        checked = coerce(args[0], value, origin, key, base)
+        for bound in _bounds(annotation):
+            problem = bound.refusal(checked)
+            if problem:
+                raise ConfigError(problem, key, origin)
+        return checked
     if dataclasses.is_dataclass(annotation):
         return build(annotation, value, origin, key, base)
     if origin_type is Literal:
         if value not in args or isinstance(value, bool) != any(isinstance(a, bool) for a in args):
-            raise ConfigError(f"expected {describe(annotation)}, got {value!r}", key, origin)
+            raise WrongType(f"expected {describe(annotation)}, got {value!r}", key, origin)
         return value
     if origin_type in (list, tuple):
         if not isinstance(value, list | tuple):
@@ -235,6 +286,52 @@ def coerce(annotation: Any, value: Any, origin: str, key: str, base: Any = None)
     return value
 
 
+def check_ranges(instance: Any) -> None:
+    """Refuse a field of dataclass `instance` outside the range its type declares: called by each
+    `__post_init__` of a class with ranges, so a config made in code holds them as a loaded one does."""
+    for name, bounds in _field_bounds(type(instance)).items():
+        value = getattr(instance, name)
+        for bound in bounds if value is not None else ():
+            problem = bound.refusal(value)
+            if problem:
+                raise ConfigError(problem, name)
+
+
+@functools.cache
+def _field_bounds(cls: type) -> dict[str, list[Range | NonEmpty]]:
+    hints = typing.get_type_hints(cls, include_extras=True)
+    bounds = {f.name: _bounds(hints[f.name]) for f in dataclasses.fields(cls) if f.init}
+    return {name: found for name, found in bounds.items() if found}
+
+
+def _bounds(hint: Any) -> list[Range | NonEmpty]:
+    """The ranges an annotation declares, on the field itself or on its non-null option."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return [b for option in typing.get_args(hint) for b in _bounds(option)]
+    if typing.get_origin(hint) is typing.Annotated:
+        return [b for b in hint.__metadata__ if isinstance(b, Range | NonEmpty)]
+    return []
+
+
+def declared_ranges(cls: type, key: str = "") -> dict[str, Range | NonEmpty]:
+    """Each field of dataclass `cls` (nested ones by key path; a list's items as `name[]`, a mapping's
+    values as `name.NAME`) with the range its type declares."""
+    ranges: dict[str, Range | NonEmpty] = {}
+    hints = typing.get_type_hints(cls, include_extras=True)
+    for name, hint in ((f.name, hints[f.name]) for f in dataclasses.fields(cls) if f.init):
+        where = join_key(key, name)
+        while typing.get_origin(hint) in (list, dict, typing.Union, types.UnionType):
+            kind, options = typing.get_origin(hint), [a for a in typing.get_args(hint) if a is not type(None)]
+            where += {list: "[]", dict: ".NAME"}.get(kind, "")
+            hint = options[-1]
+        bounds = _bounds(hint)
+        if bounds:
+            ranges[where] = bounds[0]  # one range a field
+        elif dataclasses.is_dataclass(hint):
+            ranges.update(declared_ranges(hint, where))
+    return ranges
+
+
 def describe(annotation: Any) -> str:
     """A field type as a reader of the YAML would write it: `int`, `float | null`, `one of [...]`."""
     if annotation is type(None):
@@ -242,6 +339,8 @@ def describe(annotation: Any) -> str:
     origin_type, args = typing.get_origin(annotation), typing.get_args(annotation)
     if origin_type in (typing.Union, types.UnionType):
         return " | ".join(describe(a) for a in args)
+    if origin_type is typing.Annotated:
+        return describe(args[0])
     if origin_type is Literal:
         return f"one of {list(args)}"
     if origin_type is not None:
@@ -251,7 +350,7 @@ def describe(annotation: Any) -> str:
 
 def _type_error(annotation: Any, value: Any, key: str, origin: str) -> ConfigError:
     expected = annotation if isinstance(annotation, str) else describe(annotation)
-    return ConfigError(f"expected {expected}, got {type(value).__name__} {value!r}", key, origin)
+    return WrongType(f"expected {expected}, got {type(value).__name__} {value!r}", key, origin)
 
 
 def _checked_number(number: float, key: str, origin: str) -> float:

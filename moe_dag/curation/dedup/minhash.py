@@ -27,7 +27,7 @@ text-to-signature path: the shingling here is vectorised over the batch, the per
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -36,6 +36,7 @@ import rensa
 from tqdm.auto import tqdm
 
 from moe_dag.curation.dedup.shingles import MAX_NGRAM_SIZE, shingle_hashes
+from moe_dag.training.strict_config import Range, check_ranges
 
 # Texts hashed together in one vectorised pass; keeps the pass's arrays in cache-sized pieces.
 _BYTES_PER_BATCH = 1 << 21
@@ -52,11 +53,18 @@ SIGNATURE_SCHEMA = pa.schema(
 SHINGLES_FIELD = pa.field("shingles", pa.list_(pa.uint64()), nullable=False)
 
 
+# A signature holds num_bands x rows_per_band 32-bit hashes, and the global step holds 40 bytes per band
+# of every document: at most 16,384 hashes (64 KiB a document; RefinedWeb's 20 x 450 fits), bands and
+# rows each at most 1,024.
+MAX_BANDS_OR_ROWS = 1024
+MAX_HASHES = 16_384
+
+
 @dataclass(kw_only=True)
 class MinHashConfig:
-    num_bands: int = 14
-    rows_per_band: int = 8
-    ngram_size: int = 5
+    num_bands: Annotated[int, Range(1, MAX_BANDS_OR_ROWS)] = 14
+    rows_per_band: Annotated[int, Range(1, MAX_BANDS_OR_ROWS)] = 8
+    ngram_size: Annotated[int, Range(1, MAX_NGRAM_SIZE)] = 5
     seed: int = 1
     jaccard_threshold: float = 0.8
     # How a candidate pair is verified: "estimated" Jaccard from the full signature (the default: the
@@ -65,11 +73,12 @@ class MinHashConfig:
     verification: Literal["estimated", "exact"] = "estimated"
 
     def __post_init__(self) -> None:
-        for name in ("num_bands", "rows_per_band", "ngram_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"MinHashConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.ngram_size > MAX_NGRAM_SIZE:
-            raise ValueError(f"MinHashConfig.ngram_size must be <= {MAX_NGRAM_SIZE}, got {self.ngram_size}")
+        check_ranges(self)
+        if self.num_hashes > MAX_HASHES:
+            raise ValueError(
+                f"num_bands x rows_per_band must be at most {MAX_HASHES} hashes, got "
+                f"{self.num_bands} x {self.rows_per_band} = {self.num_hashes}"
+            )
         if not 0.0 < self.jaccard_threshold <= 1.0:
             raise ValueError(
                 f"MinHashConfig.jaccard_threshold must lie in (0, 1], got {self.jaccard_threshold}"
