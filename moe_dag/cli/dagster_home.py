@@ -3,7 +3,7 @@
 Dagster refuses a `DAGSTER_HOME` that does not exist with a traceback. A new user who points it at a
 fresh folder means "keep the instance there": the folder is created with a copy of the repository's
 `dagster.yaml` (the instance settings `make` copies the same way). What cannot be meant (a relative
-path, a file) is refused in one line that says what to do.
+path, a file) or cannot work (a '?' in the path) is refused in one line that says what to do.
 """
 
 from __future__ import annotations
@@ -17,6 +17,17 @@ INSTANCE_FILE = "dagster.yaml"
 REPOSITORY_INSTANCE_FILE = Path(__file__).resolve().parents[2] / INSTANCE_FILE
 
 
+def check_instance_folder(home: Path, chosen_by: str) -> None:
+    """SystemExit, in one line, for a folder the SQLite instance cannot live in: its storage URL
+    (`sqlite:///<home>/...`) reads a '?' as the start of its options, so the tables land elsewhere and
+    the first run dies with `no such table: event_logs`."""
+    if "?" in str(home):
+        raise SystemExit(
+            f"moe-dag: the Dagster instance folder {home} has '?' in its path, which SQLite's URL reads as "
+            f"the start of its options: choose a {chosen_by} without '?'"
+        )
+
+
 def prepare_dagster_home(home: str) -> str | None:
     """Create the folder `home` (the value of DAGSTER_HOME) with the instance file when it does not exist
     and say so; None when it exists. SystemExit, in one line, where it cannot be used."""
@@ -25,6 +36,7 @@ def prepare_dagster_home(home: str) -> str | None:
         raise SystemExit(
             f"moe-dag: DAGSTER_HOME {home!r} must be an absolute path: export DAGSTER_HOME=$PWD/{home}"
         )
+    check_instance_folder(path, "DAGSTER_HOME")
     if path.is_dir():
         return None
     if path.exists():

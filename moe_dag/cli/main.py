@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from moe_dag.cli.dagster_home import announce_prepared_home
+from moe_dag.cli.dagster_home import announce_prepared_home, check_instance_folder
 from moe_dag.config import CONFIG_ENV_VAR, DEFAULT_CONFIG, load_config
 from moe_dag.training.strict_config import ConfigError
 
@@ -193,7 +193,9 @@ def search_mixture(config_path: str) -> int:
 
 
 def _default_home(config_path: str) -> Path:
+    """`dagster/` beside the catalog: where runs are recorded when DAGSTER_HOME is not set."""
     home = Path(load_config(config_path).catalog_path).parent / "dagster"
+    check_instance_folder(home, "catalog_path (or set DAGSTER_HOME)")
     home.mkdir(parents=True, exist_ok=True)
     return home
 
@@ -234,9 +236,8 @@ def run_all(
     if os.environ.get("DAGSTER_HOME"):
         instance = dg.DagsterInstance.get()
     else:
-        home = Path(load_config(config_path).catalog_path).parent / "dagster"
+        home = _default_home(config_path)
         print(f"DAGSTER_HOME is not set: recording runs in {home}")
-        home.mkdir(parents=True, exist_ok=True)
         instance = dg.DagsterInstance.local_temp(str(home))
     with instance:
         try:
