@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 
 from moe_dag.engine.blocks import BlockSizes, block_path, read_rows, row_count, split, write_block_record
 from moe_dag.engine.shards import ShardInput, file_sizes, shard_digest
-from moe_dag.storage.atomic import atomic_write
+from moe_dag.storage.atomic import atomic_write, write_error
 from moe_dag.storage.lake import Lake, read_batches
 from moe_dag.storage.schema import kept_rows, reason_counts
 
@@ -140,7 +140,10 @@ class TableWriter:
             handle = self._stack.enter_context(atomic_write(self.path, self._lake.fs))
             self._writer = pq.ParquetWriter(handle, table.schema, compression="zstd")
             self._stack.callback(self._writer.close)  # runs before the rename above
-        self._writer.write_table(table)
+        try:
+            self._writer.write_table(table)
+        except OSError as error:  # a full disk: name the file written, not only the shard read
+            raise write_error(error, self.path) from error
 
     def finish(self) -> None:
         """Write the rows still held; a shard with no rows still gets its file, so downstream stages

@@ -48,7 +48,7 @@ def atomic_write(path: str, fs: fsspec.AbstractFileSystem | None = None) -> Iter
     except BaseException as error:
         _remove_quietly(fs, partial)
         if isinstance(error, Exception):
-            raise _naming(error, path) from error
+            raise write_error(error, path) from error
         raise
 
 
@@ -64,11 +64,12 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     except BaseException as error:
         partial.unlink(missing_ok=True)
         if isinstance(error, Exception):
-            raise _naming(error, str(final)) from error
+            raise write_error(error, str(final)) from error
         raise
 
 
-def _naming(error: Exception, path: str) -> ArtefactWriteError:
+def write_error(error: Exception, path: str) -> ArtefactWriteError:
+    """`error` as an ArtefactWriteError that names `path`, the file that could not be written."""
     if isinstance(error, ArtefactWriteError):
         return error
     message = f"could not write {path}: {error}"
