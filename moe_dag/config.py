@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import os
 import re
 from dataclasses import dataclass, field
@@ -223,6 +224,11 @@ class PipelineConfig:
 
 def config_path_from_env() -> Path:
     return Path(os.environ.get(CONFIG_ENV_VAR, DEFAULT_CONFIG))
+
+
+def config_version(path: str | Path) -> str:
+    """A digest of the config file's bytes: the tag that says which config a run used."""
+    return hashlib.blake2b(Path(path).read_bytes(), digest_size=6).hexdigest()
 
 
 def load_config(path: str | Path) -> PipelineConfig:

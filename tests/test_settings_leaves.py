@@ -19,6 +19,7 @@ from moe_dag.assets.operating import operation
 from moe_dag.config import load_config
 from moe_dag.orchestration.automation import code_version, source_config_version
 from moe_dag.orchestration.definitions import build_definitions
+from moe_dag.quality.heads.backbone import default_model_path
 from moe_dag.settings.stage import builds_per_source
 
 DEMO = "configs/demo.yaml"
@@ -124,6 +125,7 @@ def key(path: tuple) -> str:
 CHANGES = {
     "training.preset": lambda value: "tiny",
     "training.rdzv_endpoint": lambda value: "node0:29500",
+    "tokenizer.from_": lambda value: str(default_model_path()),  # a folder holding a tokenizer.json
     "training.overrides": lambda value: {**value, "optim.warmup_steps": 31},
     "sources[].languages": lambda value: None if value is not None else ["en"],
     "checks.max_drop_share_by_source": lambda value: {

@@ -104,7 +104,8 @@ def curation_gain(context: dg.AssetExecutionContext, pipeline: PipelineResource)
     data_dir = lake.artifact_dir("unfiltered_mixture")
     with lake.writing_artifact("curation_gain") as runs:
         run_dir = run_dir_for(data_dir, launch, runs)
-        launch_training(context, launch, data_dir, run_dir, eval_on=lake.artifact_dir("tokenized_mixture"))
+        curated = lake.artifact_dir("tokenized_mixture")
+        launch_training(context, launch, data_dir, run_dir, curated, config_digest=pipeline.config_digest)
         proxy_run = latest_run(lake.artifact_dir("moe_proxy"))
         return _comparison(lake, settings, proxy_run, run_dir, "curated", "unfiltered", "curation gain")
 
@@ -125,7 +126,7 @@ def moe_gain(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> d
     data_dir = lake.artifact_dir("tokenized_mixture")
     with lake.writing_artifact("moe_gain") as runs:
         run_dir = run_dir_for(data_dir, dense, runs)
-        launch_training(context, dense, data_dir, run_dir, eval_on=data_dir)
+        launch_training(context, dense, data_dir, run_dir, data_dir, config_digest=pipeline.config_digest)
         proxy_run = latest_run(lake.artifact_dir("moe_proxy"))
         return _comparison(lake, settings, proxy_run, run_dir, "MoE", "dense", "MoE gain")
 

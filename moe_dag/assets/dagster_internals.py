@@ -9,9 +9,15 @@ series below) instead of a run in production.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import dagster as dg
 from dagster._core.asset_graph_view.asset_graph_view import AssetGraphView, TemporalContext
-from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
+from dagster._core.definitions.data_version import (
+    CachingStaleStatusResolver,
+    StaleStatus,
+    extract_data_version_from_entry,
+)
 
 # Raised by PipesSubprocessClient when the process exits non-zero; Dagster exports it from here only.
 from dagster._core.errors import DagsterAssetCheckFailedError, DagsterPipesExecutionError
@@ -29,6 +35,7 @@ __all__ = [
     "CHECKED_DAGSTER_SERIES",
     "DagsterAssetCheckFailedError",
     "DagsterPipesExecutionError",
+    "input_data_versions",
     "StaleStatus",
     "latest_check_evaluations",
     "launches_local_processes",
@@ -47,6 +54,18 @@ def stale_status_resolver(
         asset_graph=graph,
     )
     return CachingStaleStatusResolver(instance, graph, view)
+
+
+def input_data_versions(instance: dg.DagsterInstance, inputs: Iterable[dg.AssetKey]) -> dict[str, str | None]:
+    """The data version of each of `inputs`' latest materialization (None: never materialised), as
+    Dagster records them: what an asset that reads them now was computed from. A partitioned input gives
+    its latest materialization of any partition (the training assets' inputs are unpartitioned)."""
+    versions = {}
+    for key in sorted(inputs, key=lambda k: k.to_user_string()):
+        record = instance.get_latest_data_version_record(key)
+        version = extract_data_version_from_entry(record.event_log_entry) if record else None
+        versions[key.to_user_string()] = version.value if version else None
+    return versions
 
 
 def launches_local_processes(instance: dg.DagsterInstance) -> bool:

@@ -11,6 +11,7 @@ from moe_dag.assets.resources import PipelineResource, RayResource
 from moe_dag.mixture.curated import TOKENS_STAGE as TOKENS_STAGE  # the mixture search reads them
 from moe_dag.mixture.curated import build_curated_mixture, train_curated_tokenizer
 from moe_dag.mixture.tokenizer import TOKENIZER_FILE as TOKENIZER_FILE  # the tokenizer's file in its folder
+from moe_dag.mixture.tokenizer import eos_id
 from moe_dag.operations.bounds import epoch_cap_shortfalls, share_error_violations, untrained_sources
 from moe_dag.operations.plots import bars_png, png_markdown
 from moe_dag.operations.refresh import Refresh
@@ -35,12 +36,23 @@ def tokenizer(pipeline: PipelineResource, ray: RayResource) -> dg.MaterializeRes
     """A byte-level BPE tokenizer trained on the kept documents of training, streamed from the lake (past
     `tokenizer.max_training_documents`, on a sample of them by id hash): the documents held out for
     evaluation (the mixture's cut, and the neutral set with its copies) never reach it. The passes over
-    the scored files run as Ray tasks (`ray` connects this run to the cluster)."""
+    the scored files run as Ray tasks (`ray` connects this run to the cluster). With `tokenizer.from`, that
+    pretrained tokenizer instead (it must hold the mixture's end-of-document token)."""
     del ray  # required for its connection: the library's tasks run wherever this process is connected
     settings = tokenizer_settings(pipeline.config)
     trained = train_curated_tokenizer(pipeline.lake, settings.sources, settings.mixture, settings.tokenizer)
+    try:
+        eos_id(trained.tokenizer, settings.mixture.eos_token)
+    except ValueError as error:
+        raise dg.Failure(f"{error}: set mixture.eos_token to one of its special tokens") from None
+    pretrained = settings.tokenizer.from_
     return dg.MaterializeResult(
         metadata={
+            **(
+                {"pretrained": pretrained, "pretrained_digest": settings.pretrained_digest}
+                if pretrained
+                else {}
+            ),
             "vocab_size": trained.tokenizer.get_vocab_size(),
             "training_documents": trained.documents,
             # more than training_documents when the corpus outgrew tokenizer.max_training_documents

@@ -204,7 +204,7 @@ def _train_on(
         _shards(pipeline), shares, vocab, eos_id(tokenizer, recipe.eos_token), recipe, data_dir
     )
     run_dir = run_dir_for(data_dir, launch, folder / "runs" / name)
-    launch_training(context, launch, data_dir, run_dir, eval_on=neutral)
+    launch_training(context, launch, data_dir, run_dir, neutral, config_digest=pipeline.config_digest)
     report = json.loads((run_dir / EVAL_FILE).read_text())
     per_source = {source: figures["bits_per_byte"] for source, figures in report["sources"].items()}
     achieved = {s: packed["sources"][s]["achieved_share"] for s in sorted(shares)}

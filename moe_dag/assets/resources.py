@@ -8,7 +8,7 @@ from functools import cached_property
 import dagster as dg
 
 from moe_dag.assets.run_identity import record_run_host
-from moe_dag.config import PipelineConfig, load_config
+from moe_dag.config import PipelineConfig, config_version, load_config
 from moe_dag.engine import RayConfig, ShardInput, StageRun, StageSpec, connect, run_stage
 from moe_dag.engine.cluster import DEFAULT_MIN_BLOCK_ROWS
 from moe_dag.quality.oracle import OpenAICompatibleOracle, Oracle, RuleBasedOracle, VLLMEngineOracle
@@ -30,6 +30,11 @@ class PipelineResource(dg.ConfigurableResource):
     @cached_property
     def config(self) -> PipelineConfig:
         return load_config(self.config_path)
+
+    @cached_property
+    def config_digest(self) -> str:
+        """The digest of the config file's bytes: which config a run used (a run tag, a tracking label)."""
+        return config_version(self.config.path)
 
     @cached_property
     def lake(self) -> Lake:

@@ -55,7 +55,9 @@ def moe_proxy(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> 
     settings = proxy_settings(pipeline.config)
     with lake.writing_artifact("moe_proxy") as runs:
         out_dir = run_dir_for(data_dir, settings.training, runs)
-        metadata = launch_training(context, settings.training, data_dir, out_dir, eval_on=data_dir)
+        metadata = launch_training(
+            context, settings.training, data_dir, out_dir, data_dir, config_digest=pipeline.config_digest
+        )
     return dg.MaterializeResult(
         metadata={**metadata, **run_plots(out_dir)},
         check_results=training_check_results(out_dir, settings.checks),

@@ -2,7 +2,10 @@
 
 The asset starts `python -m moe_dag.training` (which starts torchrun's workers itself for several
 processes) through Dagster Pipes: the trainer streams its log into the run's event log as it trains and
-reports its final figures, held-out evaluation included, as the asset's materialization. The trainer
+reports its final figures, held-out evaluation included, as the asset's materialization. The asset
+hands the trainer its place in the graph (`graph_context`: Dagster run id, partition, code version, the
+data versions of its inputs, the config digest), which the tracking run carries; the materialization
+names the run folder and the tracking run (`tracking.json`), so each is found from the other. The trainer
 dies with the Dagster process that launched it (lifeline.py) and refuses a run folder another trainer
 holds (run_lock.py), so a killed orchestrator never leaves a second writer behind.
 """
@@ -20,7 +23,7 @@ from typing import Any
 import dagster as dg
 import numpy as np
 
-from moe_dag.assets.dagster_internals import DagsterPipesExecutionError
+from moe_dag.assets.dagster_internals import DagsterPipesExecutionError, input_data_versions
 from moe_dag.assets.reporting import problems_result
 from moe_dag.config import TrainingLaunchConfig
 from moe_dag.operations.bounds import ChecksConfig, loss_trend, router_violations
@@ -30,6 +33,7 @@ from moe_dag.training.data import DATA_ORDER
 from moe_dag.training.evaluate import EVAL_FILE
 from moe_dag.training.lifeline import launcher_env
 from moe_dag.training.run_outputs import MetricsLog
+from moe_dag.training.tracking import GRAPH_CONTEXT_FILE, TRACKING_FILE
 
 LATEST_FILE = "latest"
 LOSS_FALLING = "loss_finite_and_falling"
@@ -44,6 +48,7 @@ def training_command(
     out_dir: Path,
     eval_on: Path | None = None,
     rendezvous_id: str | None = None,
+    graph_context: Path | None = None,
 ) -> list[str]:
     """The command line of the training process (one process, or torchrun's workers started by it, or
     on several nodes the launcher of one agent per node, meeting as `rendezvous_id`). The trainer reads
@@ -60,6 +65,8 @@ def training_command(
             arguments += [option, value] if value else []
     if eval_on is not None:
         arguments += ["--eval-on", str(eval_on)]
+    if graph_context is not None:
+        arguments += ["--graph-context", str(graph_context)]
     return [sys.executable, "-m", "moe_dag.orchestration.pipes_training", *arguments]
 
 
@@ -69,6 +76,29 @@ def write_run_config(launch: TrainingLaunchConfig, out_dir: Path) -> Path:
     with atomic_write(str(path)) as handle:
         handle.write((json.dumps(launch.resolved.to_dict(), indent=2) + "\n").encode())
     return path
+
+
+def graph_context(context: dg.AssetExecutionContext, config_digest: str) -> dict[str, Any]:
+    """Which run of the graph is training: what the tracking run is labelled with (tracking.py)."""
+    key = context.asset_key
+    return {
+        "dagster_run_id": context.run.run_id,
+        "asset": key.to_user_string(),
+        "partition": context.partition_key if context.has_partition_key else None,
+        "code_version": context.assets_def.code_versions_by_key[key],
+        "input_data_versions": input_data_versions(context.instance, context.assets_def.asset_deps[key]),
+        "config_digest": config_digest,
+    }
+
+
+def tracking_metadata(run_dir: Path) -> dict[str, dg.MetadataValue]:
+    """The tracking run of `run_dir` (tracking.json; nothing when tracking was off), for the asset."""
+    path = run_dir / TRACKING_FILE
+    if not path.exists():
+        return {}
+    record = json.loads(path.read_text())
+    shown = {"tracking": dg.MetadataValue.json(record)}
+    return shown | ({"tracking_url": dg.MetadataValue.url(record["url"])} if record.get("url") else {})
 
 
 def run_dir_for(data_dir: Path, launch: TrainingLaunchConfig, root: Path) -> Path:
@@ -89,10 +119,18 @@ def launch_training(
     data_dir: Path,
     out_dir: Path,
     eval_on: Path | None = None,
+    *,
+    config_digest: str,
 ) -> dict[str, Any]:
-    """Train (resuming in `out_dir`) and evaluate on `eval_on`; returns the metadata the run reported."""
+    """Train (resuming in `out_dir`) and evaluate on `eval_on`; returns the metadata the run reported,
+    with the tracking run's record. `config_digest`: the pipeline config's, for the tracking run."""
     write_run_config(launch, out_dir)
-    command = training_command(launch, data_dir, out_dir, eval_on, rendezvous_id=context.run.run_id)
+    context_file = out_dir / GRAPH_CONTEXT_FILE
+    with atomic_write(str(context_file)) as handle:
+        handle.write((json.dumps(graph_context(context, config_digest), indent=2) + "\n").encode())
+    command = training_command(
+        launch, data_dir, out_dir, eval_on, rendezvous_id=context.run.run_id, graph_context=context_file
+    )
     context.log.info("launching: " + shlex.join(command))
     client = dg.PipesSubprocessClient(env=launcher_env())
     try:
@@ -106,7 +144,7 @@ def launch_training(
             f"(exit code 2: {out_dir} is in use by another trainer)"
         ) from error
     (out_dir.parent / LATEST_FILE).write_text(out_dir.name)
-    return dict(invocation.get_materialize_result().metadata)
+    return dict(invocation.get_materialize_result().metadata) | tracking_metadata(out_dir)
 
 
 def training_check_specs(asset: str) -> list[dg.AssetCheckSpec]:

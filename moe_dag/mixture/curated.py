@@ -46,6 +46,7 @@ from moe_dag.mixture.tokenizer import (
     TOKENIZER_FILE,
     TokenizerConfig,
     eos_id,
+    load_pretrained_tokenizer,
     load_tokenizer,
     save_tokenizer,
     train_tokenizer,
@@ -133,7 +134,9 @@ def train_curated_tokenizer(
 ) -> TrainedTokenizer:
     """A BPE tokenizer on the kept training documents, written with the held-out cuts into the lake's
     `tokenizer` folder. Tasks read the scored files; the training text reaches the trainer here one file
-    at a time, in the sources' and files' order (`iter_tasks`), so this process never holds a source."""
+    at a time, in the sources' and files' order (`iter_tasks`), so this process never holds a source.
+    With `config.from_`, that pretrained tokenizer is written instead, trained on nothing (the cuts are
+    still the mixture's)."""
     excluded = Exclusions(lake.url)
     cuts, training = heldout_cuts(lake, sources, mixture, excluded)
     tops = sample_tops(cuts, training, config.max_training_documents)
@@ -146,7 +149,7 @@ def train_curated_tokenizer(
             counted["documents"] += len(file_texts)
             yield from file_texts
 
-    trained = train_tokenizer(texts(), config)
+    trained = load_pretrained_tokenizer(config.from_) if config.from_ else train_tokenizer(texts(), config)
     with lake.writing_artifact(TOKENIZER_STAGE) as folder:
         path = save_tokenizer(trained, folder)
         with atomic_path(folder / CUTS_FILE) as partial:

@@ -43,9 +43,15 @@ class TokenizerConfig:
     # default takes the whole demo corpus (1,770 training documents at 1,000 raw a source, ~2,650 at the
     # demo config's 1,500): only a larger corpus is sampled.
     max_training_documents: int = 4096
+    # `from: PATH` in the config: a pretrained tokenizer (a tokenizer.json, a model folder holding one, or
+    # a hub repo id in the local Hugging Face cache) used as it is instead of training one; the fields
+    # above then go unused. Its file's digest is in the tokenizer's code version (tokenizer_settings).
+    from_: str | None = None
 
     def __post_init__(self) -> None:
         check_ranges(self)
+        if self.from_ is not None:
+            pretrained_tokenizer_file(self.from_)  # refused at load, with the fix, when it is not there
         if self.min_frequency < 1:
             raise ValueError(f"TokenizerConfig.min_frequency={self.min_frequency} must be at least 1")
         if self.max_training_documents < 1:
@@ -91,13 +97,18 @@ def load_tokenizer(path: Path) -> Tokenizer:
     return remember_more_words(Tokenizer.from_file(str(file)))
 
 
-def load_pretrained_tokenizer(name_or_path: str | Path) -> Tokenizer:
-    """A production tokenizer from disk only: a `tokenizer.json`, a Hugging Face model folder holding one,
-    or a hub repo id (e.g. `openai/gpt-oss-20b`) already in the local Hugging Face cache. Never downloads:
-    a pipeline run must not depend on the network for a file that decides every token id."""
+def pretrained_tokenizer_file(name_or_path: str | Path) -> Path:
+    """The `tokenizer.json` a pretrained tokenizer is read from: the file itself, the one in a model
+    folder, or a hub repo id's (e.g. `openai/gpt-oss-20b`) in the local Hugging Face cache. Never
+    downloads: a pipeline run must not depend on the network for a file that decides every token id."""
     path = Path(name_or_path)
     if path.exists():
-        return load_tokenizer(path)
+        file = path / TOKENIZER_FILE if path.is_dir() else path
+        if not file.is_file():
+            raise ValueError(f"no {TOKENIZER_FILE} at {path}")
+        return file
+    if path.is_absolute() or path.suffix == ".json":  # meant as a file, and not a repo id
+        raise ValueError(f"pretrained tokenizer {path} does not exist")
     from huggingface_hub import try_to_load_from_cache
 
     cached = try_to_load_from_cache(str(name_or_path), TOKENIZER_FILE)
@@ -106,7 +117,17 @@ def load_pretrained_tokenizer(name_or_path: str | Path) -> Tokenizer:
             f"tokenizer {name_or_path!r} is neither a local path nor in the Hugging Face cache "
             f"(downloads are disabled: fetch it once with `hf download {name_or_path} {TOKENIZER_FILE}`)"
         )
-    return Tokenizer.from_file(cached)
+    return Path(cached)
+
+
+def load_pretrained_tokenizer(name_or_path: str | Path) -> Tokenizer:
+    """A production tokenizer from disk only (`pretrained_tokenizer_file` says where it may be), encoding
+    whole documents: an encoder's tokenizer.json often truncates and pads to its context (all-MiniLM-L6-v2:
+    128 tokens), which would cut every document of the mixture and fill it with padding."""
+    tokenizer = load_tokenizer(pretrained_tokenizer_file(name_or_path))
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    return tokenizer
 
 
 def remember_more_words(tokenizer: Tokenizer) -> Tokenizer:

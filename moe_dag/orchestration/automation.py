@@ -26,15 +26,13 @@ one failed source does not fail the others. Global assets are not partitioned: a
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Sequence
-from pathlib import Path
 
 import dagster as dg
 
 from moe_dag.assets.operating import FOLLOW_UPSTREAM, operation
-from moe_dag.config import PipelineConfig
+from moe_dag.config import PipelineConfig, config_version
 from moe_dag.settings.stage import builds_per_source, shared_digest, source_digest
 
 TAG_SOURCE = "moe_dag/source"
@@ -79,11 +77,6 @@ def source_config_tags(assets: Sequence[dg.AssetsDefinition], config: PipelineCo
         if builds_per_source(operation(spec).settings)
     }
     return {TAG_SOURCE_CONFIG: json.dumps(versions, sort_keys=True)}
-
-
-def config_version(path: str | Path) -> str:
-    """A digest of the config file's bytes: the tag that says which config a run used."""
-    return hashlib.blake2b(Path(path).read_bytes(), digest_size=6).hexdigest()
 
 
 def run_tags(config: PipelineConfig, launched_by: str, source: str | None = None) -> dict[str, str]:

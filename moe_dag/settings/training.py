@@ -3,13 +3,15 @@ the mixture search."""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
+from pathlib import Path
 
 from moe_dag.config import PipelineConfig, TrainingLaunchConfig
 from moe_dag.mixture import MixtureConfig
 from moe_dag.mixture.neutral import EvaluationConfig
 from moe_dag.mixture.search import MixtureSearchConfig
-from moe_dag.mixture.tokenizer import TokenizerConfig
+from moe_dag.mixture.tokenizer import TokenizerConfig, pretrained_tokenizer_file
 from moe_dag.operations.bounds import ChecksConfig
 from moe_dag.settings.stage import bound
 
@@ -42,10 +44,23 @@ class TokenizerSettings:
     tokenizer: TokenizerConfig
     mixture: MixtureConfig  # its held-out cut never reaches the tokenizer
     sources: list[str]
+    # The digest of the pretrained tokenizer's file (`tokenizer.from`), so that a new file in the same
+    # place makes the tokenizer and everything after it stale; None when the tokenizer is trained.
+    pretrained_digest: str | None
 
 
 def tokenizer_settings(config: PipelineConfig) -> TokenizerSettings:
-    return TokenizerSettings(tokenizer=config.tokenizer, mixture=config.mixture, sources=config.source_names)
+    pretrained = config.tokenizer.from_
+    return TokenizerSettings(
+        tokenizer=config.tokenizer,
+        mixture=config.mixture,
+        sources=config.source_names,
+        pretrained_digest=file_digest(pretrained_tokenizer_file(pretrained)) if pretrained else None,
+    )
+
+
+def file_digest(path: Path) -> str:
+    return hashlib.blake2b(path.read_bytes(), digest_size=12).hexdigest()
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -41,6 +41,7 @@ from moe_dag.training.multinode import (
 from moe_dag.training.reporting import OpenReporter, Reporter, no_reporter
 from moe_dag.training.run_lock import RunFolderInUse
 from moe_dag.training.strict_config import ConfigError, read_yaml
+from moe_dag.training.tracking import read_graph_context
 
 log = logging.getLogger("moe_dag.training")
 NPROC_OPTION = "--nproc-per-node"
@@ -80,6 +81,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--eval-on", type=Path, help="tokenized mixture directory whose held-out documents score the run"
+    )
+    parser.add_argument(
+        "--graph-context",
+        type=Path,
+        help="a JSON file saying which run of the launcher's graph this is (Dagster run id, asset, code "
+        "and data versions, config digest), logged to the tracking run (tracking.py)",
     )
     nodes = parser.add_argument_group("several nodes (multinode.py)")
     nodes.add_argument("--nnodes", type=int, default=1, help="nodes, each running --nproc-per-node workers")
@@ -238,7 +245,7 @@ def _train_and_evaluate(config: Config, args: argparse.Namespace, reporter: Repo
     from moe_dag.training.evaluate import evaluate_run
     from moe_dag.training.trainer import train
 
-    summary = train(config, args.data, args.out)
+    summary = train(config, args.data, args.out, graph=read_graph_context(args.graph_context))
     if not is_main:
         return 0
     evaluation = evaluate_run(args.out, args.eval_on, device=summary["device"]) if args.eval_on else None

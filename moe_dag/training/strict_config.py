@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import keyword
 import math
 import re
 import types
@@ -90,6 +91,13 @@ class ConfigError(ValueError):
 
 class WrongType(ConfigError):
     """A value not of its field's type (as opposed to a value of the right type that is out of range)."""
+
+
+def yaml_key(field_name: str) -> str:
+    """The key a field is written as: its name, but `from` for a field named `from_` (a Python keyword
+    cannot name a field, so it takes PEP 8's trailing underscore)."""
+    bare = field_name.removesuffix("_")
+    return bare if bare != field_name and keyword.iskeyword(bare) else field_name
 
 
 def join_key(parent: str, child: str) -> str:
@@ -175,7 +183,7 @@ def build(cls: type, values: Any, origin: str, key: str = "", base: Any = None) 
     """
     if not isinstance(values, Mapping):
         raise _type_error("a mapping", values, key, origin)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    fields = {yaml_key(f.name): f for f in dataclasses.fields(cls) if f.init}
     for name in values:
         if name not in fields:
             raise ConfigError(_unknown(name, fields), join_key(key, str(name)), origin)
@@ -186,8 +194,12 @@ def build(cls: type, values: Any, origin: str, key: str = "", base: Any = None) 
                 raise ConfigError("missing (required)", join_key(key, name), origin)
     hints = typing.get_type_hints(cls, include_extras=True)
     kwargs = {
-        name: coerce(
-            hints[name], value, origin, join_key(key, name), None if base is None else getattr(base, name)
+        fields[name].name: coerce(
+            hints[fields[name].name],
+            value,
+            origin,
+            join_key(key, name),
+            None if base is None else getattr(base, fields[name].name),
         )
         for name, value in values.items()
     }

@@ -126,14 +126,17 @@ def train_step(
     return mean_loss, grad_norm.item()
 
 
-def train(config: Config, data_dir: Path, out_dir: Path) -> dict[str, Any]:
+def train(
+    config: Config, data_dir: Path, out_dir: Path, graph: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Train (or continue training) to `config.train.steps`; returns the summary written to summary.json.
+    `graph`: which run of the launcher's graph this is, for the tracking run (tracking.py).
 
     Rank 0 holds the run folder's lock throughout: a second trainer on the same folder is refused."""
     info = distributed.init_distributed(config.train.device)
     try:
         with run_lock(Path(out_dir)) if info.is_main else contextlib.nullcontext():
-            return _train(config, Path(data_dir), Path(out_dir), info)
+            return _train(config, Path(data_dir), Path(out_dir), info, graph or {})
     finally:
         distributed.shutdown()
 
@@ -204,7 +207,9 @@ def _resume(parts: _Parts, config: Config, out_dir: Path, info: distributed.Dist
     return state
 
 
-def _train(config: Config, data_dir: Path, out_dir: Path, info: distributed.DistInfo) -> dict[str, Any]:
+def _train(
+    config: Config, data_dir: Path, out_dir: Path, info: distributed.DistInfo, graph: dict[str, Any]
+) -> dict[str, Any]:
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(_num_threads(config, info))
     config = with_data_shapes(config, read_mixture(data_dir))
@@ -225,7 +230,7 @@ def _train(config: Config, data_dir: Path, out_dir: Path, info: distributed.Dist
             token_flops / 1e9,
             parts.recipe.name,
         )
-    tracker = start_tracking(config, out_dir, is_main=info.is_main)
+    tracker = start_tracking(config, out_dir, is_main=info.is_main, graph=graph)
     tokens_per_step = tc.batch_size * tc.grad_accum_steps * info.world_size * config.model.seq_len
     first_step, started = state.step, time.perf_counter()
     while state.step < tc.steps:
