@@ -109,3 +109,25 @@ def test_a_small_language_also_calibrates_on_the_documents_the_heads_trained_on(
     )
     assert thresholds.tau_keep == only_unseen.tau_keep
     assert thresholds.n_calibration == 204
+
+
+def test_language_groups_exit_on_offsets_calibrated_over_the_whole_source():
+    """Twenty languages of 20 documents each, every one scored on its own level by both heads: no group
+    alone could show a 1% exit error, so the exits come from offsets calibrated on all 400 documents,
+    each group's thresholds sitting at its own probe centre plus them."""
+    rng = np.random.default_rng(2)
+    levels = np.repeat(rng.uniform(0.2, 0.8, 20), 20)
+    judge = levels + rng.uniform(-0.15, 0.15, len(levels))
+    probe = judge + rng.normal(0, 0.01, len(judge))
+    languages = [f"l{i // 20:02d}" for i in range(len(judge))]
+    thresholds = calibrate_source(
+        probe, judge, KEEP_RATE, CalibrationConfig(), "general", languages, [TEXTS["en"]] * len(judge)
+    )
+    assert len(thresholds.languages) == 20
+    keep, _ = decide(probe, judge, thresholds, languages)
+    judge_keep = thresholds.kept_by_judge(judge, languages)
+    exits = thresholds.dropped_at_probe(probe, languages) | thresholds.kept_at_probe(probe, languages)
+    assert exits.mean() > 0.4  # with the default 90% bound, which no 20-document group could pass alone
+    assert np.mean(np.asarray(keep) != judge_keep) <= 0.01
+    for group in thresholds.languages.values():
+        assert group.early_exit_rate > 0 and group.n_calibration == 20

@@ -36,8 +36,17 @@ own thresholds from few documents (5) because the heads' bias is per language, n
 multilingual fixture (tests/fixtures/multilingual) pooling the Latin-script languages kept 0.90-0.95 of
 English, German, Spanish and French and 0.05-0.37 of Turkish, Vietnamese and Indonesian, where
 thresholds per language kept every language within 0.2 of the source. A group's thresholds carry its
-sampling error (about z * sqrt(p (1 - p) / n) on its keep rate), and its early exits need as many clean
-exits as a source's, so small groups run every document to the judge.
+sampling error (about z * sqrt(p (1 - p) / n) on its keep rate).
+
+Early exits of language groups are calibrated over the whole source, not group by group: a group of a
+few dozen documents cannot show that 1% of its exits are right (a point estimate on 15 documents lets
+its surest ones leave until the first mistake, on noise; a bound at 90% needs 229 clean exits). Each
+group's probe scores are centred on its own probe keep threshold (the probe score above which
+`keep_rate` of its documents lie, as tau_keep is the judge's), and tau_drop and tau_pass are calibrated
+once, as offsets from that centre, on the centred scores of every grouped unseen document of the source
+against each one's group decision; a group's thresholds are its centre plus the offsets. The exit error
+bound then holds over the source's grouped documents, as decisions changed are counted, and the probe's
+bias per language, which the centre removes, is the same bias that made tau_keep per language necessary.
 
 A small language is short of unseen documents by construction: the oracle sample takes its share of
 them for training, leaving 4-6 of Malayalam's 11 on the multilingual fixture, whose kept share then
@@ -263,12 +272,45 @@ def calibrate_source(
     groups = _language_groups(codes, texts, config)
     if len({language for language in codes if language is not None}) < 2 or not groups:
         return source
-    own = {}
+    # Each group's judge threshold and probe centre (module docstring), on all its documents.
+    centre_N, kept_N = np.full(len(probe), np.nan), np.zeros(len(probe), dtype=bool)
+    tau_keeps = []
     for members in groups:
         rows = np.isin(codes, members)
-        group = _calibrate(probe[rows], judge[rows], keep_rate, config, rubric)
-        own |= dict.fromkeys(members, group)
+        tau_keeps.append(_keep_threshold(judge[rows], keep_rate))
+        centre_N[rows] = _keep_threshold(probe[rows], keep_rate)
+        kept_N[rows] = judge[rows] >= tau_keeps[-1]
+    pooled = unseen_N & ~np.isnan(centre_N)
+    offsets = (
+        _exit_thresholds(probe[pooled] - centre_N[pooled], kept_N[pooled], config) if pooled.any() else {}
+    )
+    own = {}
+    for members, tau_keep in zip(groups, tau_keeps, strict=True):
+        rows = np.isin(codes, members)
+        group = _group_thresholds(probe[rows], kept_N[rows], tau_keep, centre_N[rows][0], offsets)
+        own |= dict.fromkeys(members, dataclasses.replace(group, rubric=rubric, n_needed=source.n_needed))
     return dataclasses.replace(source, languages=dict(sorted(own.items())))
+
+
+def _group_thresholds(
+    probe: np.ndarray, kept_by_judge: np.ndarray, tau_keep: float, centre: float, offsets: Mapping[str, float]
+) -> Thresholds:
+    """A language group's thresholds: its tau_keep, and the source's exit offsets from its probe centre,
+    with the exit shares and errors they give on the group's own documents."""
+    tau_drop = centre + offsets["tau_drop"] if "tau_drop" in offsets else 0.0
+    tau_pass = max(centre + offsets["tau_pass"], tau_drop) if "tau_pass" in offsets else None
+    dropped = probe < tau_drop
+    passed = ~dropped & (probe >= (math.inf if tau_pass is None else tau_pass))
+    return Thresholds(
+        tau_drop=tau_drop,
+        tau_keep=tau_keep,
+        tau_pass=tau_pass,
+        n_calibration=len(probe),
+        drop_exit_rate=float(dropped.mean()),
+        drop_exit_error=float(kept_by_judge[dropped].mean()) if dropped.any() else None,
+        keep_exit_rate=float(passed.mean()),
+        keep_exit_error=float((~kept_by_judge[passed]).mean()) if passed.any() else None,
+    )
 
 
 def _language_groups(codes: np.ndarray, texts: Sequence[str], config: CalibrationConfig) -> list[list[str]]:
@@ -321,26 +363,37 @@ def _calibrate(
     if n == 0:
         raise ValueError("calibrate_source: no scored documents to calibrate on")
     tau_keep = _keep_threshold(judge, keep_rate)
-    kept_by_judge = judge >= tau_keep
-    thresholds = {"tau_keep": tau_keep, "rubric": rubric, "n_calibration": n, "n_needed": needed}
+    exits = _exit_thresholds(probe, judge >= tau_keep, config)
+    return Thresholds(
+        tau_keep=tau_keep,
+        rubric=rubric,
+        n_calibration=n,
+        n_needed=needed,
+        **{"tau_drop": 0.0} | exits,  # no drop exit: scores are never below 0
+    )
 
+
+def _exit_thresholds(probe: np.ndarray, kept_by_judge: np.ndarray, config: CalibrationConfig) -> dict:
+    """tau_drop and tau_pass with each side's exit share and error (see `calibrate_source`); a side
+    that cannot exit is left out."""
+    n = len(probe)
+    thresholds: dict = {}
     ascending = np.argsort(probe, kind="stable")
     ranked = probe[ascending]
     drops = _longest_exit(ranked, kept_by_judge[ascending], config)
     if drops:
-        thresholds["tau_drop"] = _split_after(ranked, drops, min(1.0, ranked[-1] + 1e-6))
+        # Past the end: scores may be centred (language groups), so no clamp to [0, 1].
+        thresholds["tau_drop"] = _split_after(ranked, drops, ranked[-1] + 1e-6)
         thresholds["drop_exit_rate"] = drops / n
         thresholds["drop_exit_error"] = float(kept_by_judge[ascending[:drops]].mean())
-    else:
-        thresholds["tau_drop"] = 0.0  # scores are never below 0
 
     if config.keep_exits and drops < n:
         descending = ascending[drops:][::-1]  # what tau_drop leaves, surest keep first
         ranked = probe[descending]
         passes = _longest_exit(ranked, ~kept_by_judge[descending], config)
         if passes:
-            tau_pass = _split_after(ranked, passes, max(0.0, ranked[-1] - 1e-6))
-            thresholds["tau_pass"] = max(tau_pass, thresholds["tau_drop"])
+            tau_pass = _split_after(ranked, passes, ranked[-1] - 1e-6)
+            thresholds["tau_pass"] = max(tau_pass, thresholds.get("tau_drop", -math.inf))
             thresholds["keep_exit_rate"] = passes / n
             thresholds["keep_exit_error"] = float((~kept_by_judge[descending[:passes]]).mean())
-    return Thresholds(**thresholds)
+    return thresholds
