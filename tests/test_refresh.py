@@ -3,13 +3,15 @@ moves a source's kept documents by less than the configured share does not relab
 
 from __future__ import annotations
 
+import dataclasses
+
 import dagster as dg
 import pytest
 from test_dedup_backfill import pipeline_config
 
 from moe_dag.assets.operating import operated, operation
 from moe_dag.config import load_config
-from moe_dag.operations.refresh import Refresh, RefreshConfig, moved_sources
+from moe_dag.operations.refresh import Refresh, RefreshConfig, moved_sources, refresh_waiting
 from moe_dag.orchestration.automation import with_operating_attributes
 from moe_dag.orchestration.definitions import build_definitions
 from moe_dag.orchestration.staleness import Staleness
@@ -25,9 +27,10 @@ def test_moved_sources_counts_growth_shrinkage_and_new_sources():
         RefreshConfig(relabel_after_change=-0.1)
 
 
-def test_an_on_demand_asset_waits_for_its_policy_unless_asked(tmp_path):
-    sources = dg.StaticPartitionsDefinition(["a", "b"])
-    kept = {"a": 100, "b": 100}
+def toy_graph(kept: dict[str, int]) -> list:
+    """toxicity_filtered (per source, `kept` documents) -> oracle_sample (the relabelling policy) ->
+    scored_documents (per source, scoring every kept document)."""
+    sources = dg.StaticPartitionsDefinition(sorted(kept))
 
     @dg.asset(partitions_def=sources, metadata=operated(1, catalog_settings))
     def toxicity_filtered(context) -> dg.MaterializeResult:
@@ -45,27 +48,34 @@ def test_an_on_demand_asset_waits_for_its_policy_unless_asked(tmp_path):
     def oracle_sample() -> None:
         pass
 
+    @dg.asset(partitions_def=sources, deps=[oracle_sample], metadata=operated(1, catalog_settings))
+    def scored_documents(context) -> dg.MaterializeResult:
+        return dg.MaterializeResult(metadata={"rows_in": kept[context.partition_key]})
+
+    return [toxicity_filtered, oracle_sample, scored_documents]
+
+
+def test_an_on_demand_asset_waits_for_its_policy_then_for_the_user(tmp_path):
+    """Issue 34, item 6: a relabelling the policy finds due rescores every source, so it waits for
+    `--refresh` (or refresh.relabel_without_asking) and says what it would redo and what it may change."""
+    kept = {"a": 100, "b": 100}
     config = load_config(pipeline_config(tmp_path, tmp_path / "corpus", "refresh"))
-    assets = with_operating_attributes([toxicity_filtered, oracle_sample], config)
+    assets = with_operating_attributes(toy_graph(kept), config)
     definitions = dg.Definitions(assets=assets)
     instance = dg.DagsterInstance.ephemeral()
 
     def build(asset, partition=None, tags=None):
-        dg.materialize(
-            assets,
-            selection=[asset],
-            partition_key=partition,
-            instance=instance,
-            tags=tags,
-        )
+        dg.materialize(assets, selection=[asset], partition_key=partition, instance=instance, tags=tags)
 
-    def reason(refresh: bool = False) -> str | None:
-        return Staleness(instance, definitions, config, refresh=refresh).reason("oracle_sample", None)
+    def reason(refresh: bool = False, settings=config) -> str | None:
+        return Staleness(instance, definitions, settings, refresh=refresh).reason("oracle_sample", None)
 
     for source in kept:
         build("toxicity_filtered", source)
     staleness = Staleness(instance, definitions, config)
     build("oracle_sample", tags=staleness.population_tags(["oracle_sample"]))
+    for source in kept:
+        build("scored_documents", source)
     assert reason() is None
 
     kept["a"] = 110  # a new shard: 10% more, under the 20% of refresh.relabel_after_change
@@ -75,9 +85,34 @@ def test_an_on_demand_asset_waits_for_its_policy_unless_asked(tmp_path):
 
     kept["a"] = 130
     build("toxicity_filtered", "a")
-    assert reason() == (
-        "refresh: toxicity_filtered's kept documents moved past refresh.relabel_after_change = 0.2: "
-        "a 100 -> 130"
+    staleness = Staleness(instance, definitions, config)
+    assert staleness.reason("oracle_sample", None) is None
+    why = "toxicity_filtered's kept documents moved past refresh.relabel_after_change = 0.2: a 100 -> 130"
+    assert staleness.waiting == {
+        "oracle_sample": f"oracle_sample: waiting for --refresh: {why}. Going ahead redoes oracle_sample, "
+        "then scored_documents of every source; up to 200 old scoring decisions may change (the documents "
+        "scored now: a 100, b 100). To go ahead: moe-dag run --refresh (or refresh.relabel_without_asking: "
+        "true); until then the new documents are scored by the current heads and old decisions stay"
+    }
+    assert reason(refresh=True).startswith("stale: ")
+    unattended = dataclasses.replace(
+        config, refresh=dataclasses.replace(config.refresh, relabel_without_asking=True)
+    )
+    assert reason(settings=unattended) == f"refresh: {why}"
+
+
+def test_only_relabelling_waits_for_the_user():
+    relabel = Refresh(population="toxicity_filtered", threshold="relabel_after_change")
+    remix = Refresh(population="scored_documents", threshold="remix_after_change")
+    assert RefreshConfig().asks_first(relabel) and not RefreshConfig().asks_first(remix)
+    assert not RefreshConfig(relabel_without_asking=True).asks_first(relabel)
+
+
+def test_the_waiting_message_says_when_nothing_is_scored_yet():
+    assert refresh_waiting("oracle_sample", "why", ["oracle_sample"], {}) == (
+        "oracle_sample: waiting for --refresh: why. Going ahead redoes oracle_sample; no document is "
+        "scored yet. To go ahead: moe-dag run --refresh (or refresh.relabel_without_asking: true); until "
+        "then the new documents are scored by the current heads and old decisions stay"
     )
 
 

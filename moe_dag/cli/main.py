@@ -38,8 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument(
         "--refresh",
         action="store_true",
-        help="relabel, retrain the heads and rebuild the mixture on any new data, not only past the "
-        "config's refresh shares",
+        help="relabel, retrain the heads (which rescores every source and may change old decisions) and "
+        "rebuild the mixture on any new data, not only past the config's refresh shares; without it, a "
+        "relabelling those shares call for waits (the run says what it would redo)",
     )
     refit = commands.add_parser(
         "refit",

@@ -88,6 +88,8 @@ class PipelineRun:
     seconds: float
     launched: list[tuple[str, str | None]] = field(default_factory=list)  # (asset, partition) materialised
     up_to_date: set[str] = field(default_factory=set)  # assets with at least one partition left as it was
+    # Refreshes a policy found due that wait for `--refresh`, each said as `Staleness.waiting` says it.
+    waiting_for_refresh: list[str] = field(default_factory=list)
 
 
 def materialize_all(
@@ -107,7 +109,8 @@ def materialize_all(
     with `force`, the per-source stages of those sources are redone and the global ones run when stale.
     `comparisons` overrides the config's `comparisons` (whether the baselines train). `refresh` runs the
     on-demand stages (labels and heads, mixture and training) on any new data, not only as their refresh
-    policy says (`moe_dag/operations/refresh.py`).
+    policy says (`moe_dag/operations/refresh.py`); without it, a relabelling the policy finds due waits:
+    the run says what it would redo and goes on with the current heads.
 
     Staleness needs the instance's history: without `instance`, one ephemeral instance serves the call."""
     definitions = build_definitions(config_path)
@@ -138,6 +141,9 @@ def materialize_all(
             where = f" [{partition}]" if partition else ""
             staleness = Staleness(instance, definitions, config, refresh=refresh)
             todo = keys if forced else _needs_run(keys, partition, staleness, definitions, log)
+            for notice in staleness.waiting.values():
+                log(notice)
+                run.waiting_for_refresh.append(notice)
             run.up_to_date |= set(keys) - set(todo)
             holding = holds.holding(todo, partition) if todo else []
             if holding:

@@ -25,7 +25,7 @@ from moe_dag.config import PipelineConfig
 from moe_dag.curation.dedup import CLUSTER_VERSION
 from moe_dag.engine.shard_ledger import LedgerChanges, ShardLedger, ledger_path, scan_shards
 from moe_dag.engine.shards import damaged_outputs
-from moe_dag.operations.refresh import Refresh, moved_sources
+from moe_dag.operations.refresh import Refresh, moved_sources, refresh_waiting
 from moe_dag.orchestration.automation import (
     TAG_POPULATION,
     TAG_SOURCE_CONFIG,
@@ -50,6 +50,10 @@ class Staleness:
         self.instance, self.config, self.refresh = instance, config, refresh
         self.lake = Lake(config.lake_root)
         self.specs = {spec.key: spec for asset in definitions.assets for spec in asset.specs}
+        self.graph = definitions.resolve_asset_graph()
+        # Assets whose policy found a refresh due that waits for the user (`RefreshConfig.asks_first`),
+        # with what to tell them: filled by `reason`, which returns None for them.
+        self.waiting: dict[str, str] = {}
 
     def reason(self, asset: str, partition: str | None) -> str | None:
         """Why `asset` (partition) needs a run ("missing", "stale: ...", "new shards: ..."), or None."""
@@ -91,20 +95,46 @@ class Staleness:
         moved = self._moved_population(key.to_user_string(), refresh)
         if moved is None:
             return stale
+        if not moved:
+            return None
         policy = f"refresh.{refresh.threshold} = {getattr(self.config.refresh, refresh.threshold)}"
-        return (
-            f"refresh: {refresh.population}'s kept documents moved past {policy}: {', '.join(moved)}"
-            if moved
-            else None
-        )
+        why = f"{refresh.population}'s kept documents moved past {policy}: {', '.join(moved)}"
+        if self.config.refresh.asks_first(refresh):
+            self.waiting[key.to_user_string()] = self._waiting(key, why)
+            return None
+        return f"refresh: {why}"
+
+    def _waiting(self, key: dg.AssetKey, why: str) -> str:
+        """What a waiting refresh of `key` would redo: it and the global assets below it, down to the
+        per-source ones (which it redoes in every source), and how many scored documents may change."""
+        below, per_source, frontier = {key}, set(), [key]
+        while frontier:
+            for child in self.graph.get(frontier.pop()).child_keys - below - per_source:
+                if self.graph.get(child).is_partitioned:
+                    per_source.add(child)
+                else:
+                    below.add(child)
+                    frontier.append(child)
+        in_order = [spec_key.to_user_string() for spec_key in self.specs]
+        redo = [name for name in in_order if dg.AssetKey(name) in below]
+        redo += [f"then {name} of every source" for name in in_order if dg.AssetKey(name) in per_source]
+        scored = {}
+        for asset in per_source:
+            for source, count in self._counts(asset.to_user_string(), "rows_in").items():
+                scored[source] = scored.get(source, 0) + count
+        return refresh_waiting(key.to_user_string(), why, redo, scored)
 
     def population(self, asset: str) -> dict[str, int]:
         """Kept documents per source of a per-source asset, from its partitions' latest materialisations."""
+        return self._counts(asset, "kept")
+
+    def _counts(self, asset: str, field: str) -> dict[str, int]:
+        """A count per source that the partitions' latest materialisations of `asset` record as `field`."""
         counts = {}
         for source in self.config.source_names:
-            kept = _latest_metadata(self.instance, asset, source).get("kept")
-            if kept is not None:
-                counts[source] = int(kept.value)
+            value = _latest_metadata(self.instance, asset, source).get(field)
+            if value is not None:
+                counts[source] = int(value.value)
         return counts
 
     def _moved_population(self, asset: str, refresh: Refresh) -> list[str] | None:
