@@ -22,6 +22,7 @@ from moe_dag.quality.oracle import GENERAL
 from moe_dag.quality.scoring import (
     JUDGE_DROP,
     PROBE_EXIT,
+    decision_changes,
     early_exit_summary,
     score_documents,
     split_reusable,
@@ -195,7 +196,7 @@ def test_a_shard_rescored_after_new_thresholds_reuses_its_rows(setup, tmp_path, 
     from moe_dag.engine import StageSpec
     from moe_dag.engine.run import run_stage
     from moe_dag.engine.shards import ShardInput
-    from moe_dag.quality.heads import save_heads
+    from moe_dag.quality.heads import load_heads, save_heads
     from moe_dag.quality.work import ScoringWork
     from moe_dag.storage.lake import Lake
 
@@ -223,3 +224,22 @@ def test_a_shard_rescored_after_new_thresholds_reuses_its_rows(setup, tmp_path, 
     second = score(1.0, tmp_path / "heads")  # stricter: every row dropped, none scored again
     assert second.shards_run == 1 and second.counts["kept"] == 0
     assert second.counts["documents"] == first.counts["documents"] == table.num_rows
+    # Issue 34, item 6: the old decisions decided again, and those that changed, are counted with why.
+    why = f"new thresholds for heads {load_heads(tmp_path / 'heads').version}"
+    assert "decided_again" not in first.counts and first.counts["kept"] > 0
+    assert second.counts["decided_again"] == {why: table.num_rows}
+    assert second.counts["decisions_changed"] == {why: first.counts["kept"]}
+    assert second.counts_run == second.counts and second.keys_run == ("s0",)
+
+
+def test_old_decisions_decided_again_are_counted_by_why_they_were():
+    """Issue 34, item 6: what the summary reports of a rescoring, counted per shard against its output."""
+    previous = pa.table(
+        {"id": ["a", "b", "c"], "keep": [True, False, True], "heads_version": ["v1", "v1", "v2"]}
+    )
+    decided = pa.table({"id": ["a", "b", "c", "d"], "keep": [False, False, True, True]})
+    assert decision_changes(previous, decided, "v2") == {
+        "decided_again": {"heads v1 -> v2": 2, "new thresholds for heads v2": 1},
+        "decisions_changed": {"heads v1 -> v2": 1, "new thresholds for heads v2": 0},
+    }
+    assert decision_changes(None, decided, "v2") == {}

@@ -162,3 +162,33 @@ def test_other_languages_in_a_one_language_source_are_language_id_disagreements(
         "language ID disagreements in 'tweets' (declared en): 4 documents named another language "
         "(it 2, id 1, lb 1), 1 of them kept" in summary
     )
+
+
+def test_the_summary_says_how_many_old_decisions_changed_and_why(tmp_path):
+    """Issue 34, item 6: a rescoring that changed old decisions says so, per source and by why, from the
+    completion records of scored_documents (each shard's last scoring)."""
+    from moe_dag.cli.summary import old_decisions
+    from moe_dag.storage.lake import Lake
+
+    config = load_config(write_config(tmp_path))
+    lake = Lake(config.lake_root)
+    assert old_decisions(config, lake) == []  # nothing scored yet
+    heads, thresholds = "heads v1 -> v2", "new thresholds for heads v2"
+    counts = {
+        ("web", "s0"): {"decided_again": {heads: 200}, "decisions_changed": {heads: 30}},
+        ("web", "s1"): {"decided_again": {thresholds: 50}, "decisions_changed": {thresholds: 10}},
+        ("web", "s2"): {"documents": 40},  # a new shard: its documents were decided once
+        ("social", "s0"): {"decided_again": {heads: 100}, "decisions_changed": {heads: 5}},
+    }
+    for (source, key), shard_counts in counts.items():
+        lake.write_record("scored_documents", source, key, {"counts": shard_counts})
+    assert old_decisions(config, lake) == [
+        "old scoring decisions changed when their shards were last scored: 45 of 350 decided again "
+        "(web 40 of 250, social 5 of 100); why: heads v1 -> v2 35 of 300, "
+        "new thresholds for heads v2 10 of 50"
+    ]
+    for source, key in counts:
+        lake.write_record("scored_documents", source, key, {"counts": {"documents": 1}})
+    assert old_decisions(config, lake) == [
+        "old scoring decisions changed: none (every scored document was decided once, by the current heads)"
+    ]

@@ -90,6 +90,12 @@ def scored_documents(
             "early_exit_rate": round(counts.get("early_exits", 0) / documents, 4),
             "kept_at_probe_rate": round(counts.get("kept_at_probe", 0) / documents, 4),
             "layer_compute_saved": round(counts.get("layer_compute_saved", 0.0) / documents, 4),
+            # What this run changed among documents decided before (new heads or thresholds), by why.
+            "old_decisions_decided_again": sum(run.counts_run.get("decided_again", {}).values()),
+            "old_decisions_changed": sum(run.counts_run.get("decisions_changed", {}).values()),
+            "old_decisions_changed_by_why": dg.MetadataValue.json(
+                run.counts_run.get("decisions_changed", {})
+            ),
         },
     )
     target, tolerance = settings.keep_rate, settings.keep_rate_tolerance

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from moe_dag.config import PipelineConfig
+from moe_dag.engine import merge_counts
 from moe_dag.operations.bounds import (
     calibration_shortfalls,
     epoch_cap_shortfalls,
@@ -46,6 +47,7 @@ def format_summary(config: PipelineConfig) -> str:
         "proxy evaluation", "proxy_eval", lambda: _evaluation(catalog, lake.artifact_dir("moe_proxy"))
     )
     lines += _section("comparisons", "curation_gain, moe_gain", lambda: _comparisons(lake))
+    lines += old_decisions(config, lake)
     lines += warning_findings(config, lake, catalog)
     lines.append(f"catalog: {catalog.path}  (try: .venv/bin/moe-dag query 'SELECT * FROM stage_funnel')")
     return "\n".join(lines)
@@ -224,6 +226,38 @@ def _evaluation(catalog: Catalog, runs: Path) -> list[str]:
         f"{overall['bits_per_byte']:.3f} bits per byte (95% interval {low:.3f}-{high:.3f} "
         f"over {overall['documents']} documents, step {report['step']})",
         f"  per source: {per_source}",
+    ]
+
+
+def old_decisions(config: PipelineConfig, lake: Lake) -> list[str]:
+    """How many scoring decisions made before were changed when their shard was last scored again, per
+    source and by why (new heads, or new thresholds), from scored_documents' completion records
+    (`moe_dag.quality.scoring.decision_changes`). Nothing before scored_documents ran."""
+    per_source = {
+        source: merge_counts(
+            [record["counts"] for record in lake.records("scored_documents", source).values()]
+        )
+        for source in config.source_names
+    }
+    if not any(per_source.values()):
+        return []
+    again = {source: counts.get("decided_again", {}) for source, counts in per_source.items()}
+    changed = {source: counts.get("decisions_changed", {}) for source, counts in per_source.items()}
+    if not any(again.values()):
+        return [
+            "old scoring decisions changed: none "
+            "(every scored document was decided once, by the current heads)"
+        ]
+    again_by_why, changed_by_why = merge_counts(list(again.values())), merge_counts(list(changed.values()))
+    sources = ", ".join(
+        f"{source} {sum(changed[source].values())} of {sum(again[source].values())}"
+        for source in config.source_names
+        if again[source]
+    )
+    whys = ", ".join(f"{why} {changed_by_why.get(why, 0)} of {count}" for why, count in again_by_why.items())
+    return [
+        f"old scoring decisions changed when their shards were last scored: {sum(changed_by_why.values())} "
+        f"of {sum(again_by_why.values())} decided again ({sources}); why: {whys}"
     ]
 
 

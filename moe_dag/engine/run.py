@@ -57,10 +57,16 @@ class StageRun:
     shards_removed: int
     documents_run: int
     seconds: float
+    keys_run: tuple[str, ...] = ()  # the shards done now
 
     @property
     def counts(self) -> dict[str, Any]:
         return merge_counts([record["counts"] for record in self.records.values()])
+
+    @property
+    def counts_run(self) -> dict[str, Any]:
+        """The counts of the shards done now: what this run changed."""
+        return merge_counts([self.records[key]["counts"] for key in self.keys_run])
 
     @property
     def documents_per_second(self) -> float:
@@ -137,6 +143,7 @@ def run_stage(
         len(plan.removed),
         documents,
         seconds,
+        tuple(sorted(shard.key for shard in plan.todo)),
     )
     if log and plan.todo:
         rate = run.documents_per_second

@@ -139,6 +139,29 @@ def split_reusable(
     return with_decisions(reusable, *decide(probe, judge, thresholds, _languages(reusable))), todo
 
 
+def decision_changes(previous: pa.Table | None, decided: pa.Table, version: str) -> dict[str, dict[str, int]]:
+    """Of the `decided` documents that `previous` (the shard's earlier output) had decided too: how many
+    were decided again and how many of those changed keep, by why ("heads OLD -> NEW", or "new
+    thresholds for heads NEW" when the same heads decided them). Counts of a shard's completion record, so
+    they add up over shards (`merge_counts`); empty when nothing was decided before."""
+    if previous is None or not previous.num_rows or "heads_version" not in previous.column_names:
+        return {}
+    before = previous.select(["id", "keep", "heads_version"]).rename_columns(["id", "kept_before", "heads"])
+    joined = before.join(decided.select(["id", "keep"]), "id", join_type="inner")
+    again: dict[str, int] = {}
+    changed: dict[str, int] = {}
+    for heads, kept_before, keep in zip(
+        joined["heads"].to_pylist(),
+        joined["kept_before"].to_pylist(),
+        joined["keep"].to_pylist(),
+        strict=True,
+    ):
+        why = f"new thresholds for heads {version}" if heads == version else f"heads {heads} -> {version}"
+        again[why] = again.get(why, 0) + 1
+        changed[why] = changed.get(why, 0) + (kept_before != keep)
+    return {"decided_again": again, "decisions_changed": changed} if again else {}
+
+
 def _languages(table: pa.Table) -> list[str | None] | None:
     """The documents' language codes, where language ID ran (per-language thresholds need them)."""
     return table["language"].to_pylist() if "language" in table.column_names else None

@@ -36,7 +36,12 @@ class ScoringWork(ShardWork):
         return shared_backbone(self.stored.backbone_config)
 
     def process(self, shard: ShardInput, out: ShardOutput) -> dict[str, Any]:
-        from moe_dag.quality.scoring import early_exit_summary, score_documents, split_reusable
+        from moe_dag.quality.scoring import (
+            decision_changes,
+            early_exit_summary,
+            score_documents,
+            split_reusable,
+        )
 
         previous_path = out.lake.shard_path("scored_documents", out.source, shard.key)
         previous = out.lake.read_file(previous_path) if out.lake.fs.exists(previous_path) else None
@@ -62,6 +67,7 @@ class ScoringWork(ShardWork):
                     "early_exits": round(exits["early_exit_rate"] * scored.num_rows),
                     "kept_at_probe": round(exits["keep_exit_rate"] * scored.num_rows),
                     "layer_compute_saved": exits["layer_compute_saved"] * scored.num_rows,
+                    **decision_changes(previous, scored, self.stored.version),
                 }
             )
         return merge_counts(counts)
