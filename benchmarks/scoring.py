@@ -34,10 +34,14 @@ documents' scores at other keep rates (the same heads, the same 1% bound), with 
 beside it; `early_exit_by_keep_rate` in the JSON.
 
     .venv/bin/python -m benchmarks.scoring [--documents 800] [--repeats 2] [--labels N] [--epochs N]
-        [--probe-layer N] [--judge-layer N]
+        [--probe-layer N] [--judge-layer N] [--corpus demo|multilingual]
 
 `--labels` and `--epochs` override the config's `oracle.per_source` and `heads.epochs`, to see what
-more labels buy the judge; `--probe-layer` and `--judge-layer` the backbone's layers.
+more labels buy the judge; `--probe-layer` and `--judge-layer` the backbone's layers. `--corpus
+multilingual` scores the 22-language fixture (tests/fixtures/multilingual, 386 documents) as the one
+source `intl`, with 150 labels unless `--labels` says otherwise. Documents carry their language (the
+one they were drawn in, where the pipeline has language ID's), so a multilingual source is calibrated per
+language group and small languages also on the documents the heads trained on, as `quality_heads` does.
 
 Prints human-readable lines, then as the last line one JSON object with the figures.
 """
@@ -45,6 +49,7 @@ Prints human-readable lines, then as the last line one JSON object with the figu
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import random
@@ -52,6 +57,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -78,6 +84,9 @@ from moe_dag.quality.oracle import (
 from moe_dag.quality.scoring import calibrate_sources, early_exit_summary, score_documents
 
 DOCUMENTS = {"code": code_documents, "prose": prose_documents, "intl": intl_documents}
+MULTILINGUAL_FIXTURE = Path(__file__).parent.parent / "tests/fixtures/multilingual/gettext_parallel.jsonl.gz"
+# The fixture's 386 documents hold no 400 labels and a calibration sample; its end-to-end test labels 150.
+MULTILINGUAL_LABELS = 150
 SWEEP_KEEP_RATES = (0.7, 0.5, 0.3, 0.1)
 
 
@@ -87,7 +96,21 @@ def demo_documents(config: PipelineConfig, per_source: int) -> pa.Table:
     for source in config.source_names:
         stream = DOCUMENTS[source](random.Random(f"{config.demo_corpus.seed}/{source}"))
         for _, doc in zip(range(per_source), stream, strict=False):
-            rows.append({"id": doc.id, "text": doc.text, "source": source})
+            # The language the intl documents were drawn in stands in for language ID's: thresholds are
+            # calibrated per language group inside a source, as in the pipeline.
+            language = doc.metadata.get("language")
+            rows.append({"id": doc.id, "text": doc.text, "source": source, "language": language})
+    return pa.Table.from_pylist(rows)
+
+
+def multilingual_documents() -> pa.Table:
+    """The 22-language fixture (tests/fixtures/multilingual) as one source, `intl`, with its languages."""
+    with gzip.open(MULTILINGUAL_FIXTURE, "rt", encoding="utf-8") as lines:
+        records = [json.loads(line) for line in lines]
+    rows = [
+        {"id": r["id"], "text": r["text"], "source": "intl", "language": r["metadata"]["language"]}
+        for r in records
+    ]
     return pa.Table.from_pylist(rows)
 
 
@@ -145,6 +168,7 @@ def main(
     labels: int | None,
     epochs: int | None,
     layers: tuple[int | None, int | None],
+    corpus: str = "demo",
 ) -> dict[str, object]:
     config = load_config(config_path)
     chosen_layers = {
@@ -158,7 +182,13 @@ def main(
         config = replace(config, oracle=replace(config.oracle, per_source=labels))
     if epochs is not None:
         config = replace(config, heads=replace(config.heads, epochs=epochs))
-    documents = demo_documents(config, per_source)
+    if corpus == "multilingual":
+        config = replace(config, sources=[s for s in config.sources if s.name == "intl"])
+        if labels is None:
+            config = replace(config, oracle=replace(config.oracle, per_source=MULTILINGUAL_LABELS))
+        documents = multilingual_documents()
+    else:
+        documents = demo_documents(config, per_source)
     keep_rates = {s.name: s.keep_rate for s in config.sources}
     rubrics = {name: rubric_for_kind(kind).name for name, kind in config.source_kinds.items()}
 
@@ -186,8 +216,16 @@ def main(
         config.heads,
     )
     unseen = pa.concat_tables([sample.take(trained.heldout.index), *calibration])
+    trained_on = sample.filter(~np.isin(np.arange(sample.num_rows), trained.heldout.index))
     thresholds = calibrate_sources(
-        unseen, backbone, trained.heads, rubrics, keep_rates, config.calibration, config.backbone.batch_size
+        unseen,
+        backbone,
+        trained.heads,
+        rubrics,
+        keep_rates,
+        config.calibration,
+        config.backbone.batch_size,
+        trained_on=trained_on,
     )
     f1_labels = heldout_keep_f1(trained.heldout, keep_rates)
     print(f"heads trained and calibrated in {time.perf_counter() - started:.0f}s")
@@ -299,6 +337,16 @@ if __name__ == "__main__":
     parser.add_argument("--epochs", type=int, help="head training epochs (default: the config's)")
     parser.add_argument("--probe-layer", type=int, help="backbone layer of the probe (default: the config's)")
     parser.add_argument("--judge-layer", type=int, help="backbone layer of the judge (default: the config's)")
+    parser.add_argument(
+        "--corpus",
+        choices=("demo", "multilingual"),
+        default="demo",
+        help="multilingual: the 22-language fixture",
+    )
     args = parser.parse_args()
     layers = (args.probe_layer, args.judge_layer)
-    print(json.dumps(main(args.config, args.documents, args.repeats, args.labels, args.epochs, layers)))
+    print(
+        json.dumps(
+            main(args.config, args.documents, args.repeats, args.labels, args.epochs, layers, args.corpus)
+        )
+    )
