@@ -31,7 +31,7 @@ from moe_dag.engine.blocks import BlockSizes, block_path, read_rows, row_count, 
 from moe_dag.engine.shards import ShardInput, file_sizes, shard_digest
 from moe_dag.storage.atomic import atomic_write, write_error
 from moe_dag.storage.lake import Lake, read_batches
-from moe_dag.storage.schema import kept_rows, reason_counts
+from moe_dag.storage.schema import kept_rows, parquet_write_options, reason_counts
 
 
 class ShardWork(ABC):
@@ -138,7 +138,7 @@ class TableWriter:
     def _write(self, table: pa.Table) -> None:
         if self._writer is None:
             handle = self._stack.enter_context(atomic_write(self.path, self._lake.fs))
-            self._writer = pq.ParquetWriter(handle, table.schema, compression="zstd")
+            self._writer = pq.ParquetWriter(handle, table.schema, **parquet_write_options(table.schema))
             self._stack.callback(self._writer.close)  # runs before the rename above
         try:
             self._writer.write_table(table)

