@@ -68,6 +68,7 @@ from moe_dag.curation.dedup import (
 )
 from moe_dag.curation.demo_corpus.noise import near_duplicate_text
 from moe_dag.curation.demo_corpus.python_text import code_documents, prose_documents
+from moe_dag.storage.schema import parquet_write_options
 
 CONFIG = MinHashConfig()
 SOURCES = ["prose", "code"]
@@ -192,7 +193,7 @@ def moe_dag_path(corpus: pa.Table, folder: Path) -> list[int]:
     for source in SOURCES:
         signatures = compute_signatures(corpus.filter(pc.equal(corpus["source"], source)), CONFIG)
         files.append(str(folder / f"{source}.parquet"))
-        pq.write_table(signatures, files[-1])
+        pq.write_table(signatures, files[-1], **parquet_write_options(signatures.schema))  # as the stage does
     clusters = find_duplicate_clusters(files, CONFIG, SOURCES)
     label = dict(zip(clusters["id"].to_pylist(), clusters["cluster_id"].to_pylist(), strict=True))
     position = {doc_id: i for i, doc_id in enumerate(corpus["id"].to_pylist())}
