@@ -31,6 +31,7 @@ from pathlib import Path
 
 import zstandard
 
+from benchmarks._smoke import parse_with_smoke
 from moe_dag.curation.demo_corpus import DemoCorpusConfig, build_demo_corpus
 from moe_dag.curation.filters import PrefilterConfig, build_prefilters
 from moe_dag.curation.ingest import ingest_source
@@ -116,7 +117,7 @@ def main() -> None:
     parser.add_argument("--docs-per-source", type=int, default=1000)
     parser.add_argument("--copies", type=int, default=4)
     parser.add_argument("--throughput-copies", type=int, default=8)
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, {"docs_per_source": 60, "copies": 2, "throughput_copies": 2})
 
     with tempfile.TemporaryDirectory(prefix="data-plane-") as folder:
         work = Path(folder)

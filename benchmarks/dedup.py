@@ -58,6 +58,7 @@ import pyarrow.parquet as pq
 import rensa
 import xxhash
 
+from benchmarks._smoke import parse_with_smoke
 from moe_dag.curation.dedup import (
     MinHashConfig,
     candidate_probability,
@@ -515,5 +516,5 @@ if __name__ == "__main__":
         default="fixed",
         help="generated from a seed, or installed text",
     )
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, {"documents": 300, "sample": 200})
     print(json.dumps(main(args.documents, args.sample, args.s_curve_png, args.corpus)))

@@ -33,6 +33,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
+from benchmarks._smoke import parse_with_smoke  # noqa: E402
 from moe_dag.training.config import ParallelConfig, preset  # noqa: E402
 from moe_dag.training.distributed import DistInfo  # noqa: E402
 from moe_dag.training.load_balance import ExpertBiasUpdater  # noqa: E402
@@ -115,7 +116,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, {"steps": 2, "warmup": 1})
     one = measure(1, args.steps, args.warmup)
     print(f"  one process (EP=1, batch 16)      {one['s_per_step'] * 1e3:8.1f} ms per step")
     ep2 = measure(2, args.steps, args.warmup)

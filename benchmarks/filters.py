@@ -28,6 +28,7 @@ import time  # noqa: E402
 
 import pyarrow as pa  # noqa: E402
 
+from benchmarks._smoke import parse_with_smoke  # noqa: E402
 from moe_dag.curation.filters import PrefilterConfig, run_filters  # noqa: E402
 from moe_dag.curation.filters.prefilter import FAMILIES  # noqa: E402
 from moe_dag.curation.filters.reference import datatrove_filters, datatrove_keep, installed_documents  # noqa: E402
@@ -61,7 +62,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--limit", type=int, default=0, help="use only the first N documents (0: all)")
     parser.add_argument("--repeats", type=int, default=2)
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, {"limit": 40, "repeats": 1})
 
     texts = installed_documents()
     if args.limit:

@@ -28,6 +28,7 @@ import dagster as dg
 import yaml
 import zstandard
 
+from benchmarks._smoke import parse_with_smoke
 from moe_dag.curation.demo_corpus import DemoCorpusConfig, build_demo_corpus
 from moe_dag.curation.fits import changed_decisions, decisions
 from moe_dag.orchestration.pipeline import materialize_all
@@ -35,11 +36,25 @@ from moe_dag.storage.lake import Lake
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 DECIDING_STAGES = ("prefiltered", "deduplicated", "toxicity_filtered", "scored_documents")
+# --smoke: the demo's sections shrunk (tests/test_end_to_end.py's sizes), so both runs take seconds.
+SMOKE_SECTIONS = {
+    "demo_corpus": {"docs_per_source": 60, "docs_per_shard": 25},
+    "oracle": {"per_source": 30},
+    "heads": {"epochs": 1},
+    "tokenizer": {"vocab_size": 512},
+    "mixture": {"seq_len": 64, "total_tokens": 20_000, "heldout_fraction": 0.2, "heldout_min_documents": 5},
+    "checks": {"min_head_f1": 0.0},
+}
+SMOKE_TRAINING = {"preset": "tiny", "steps": 4, "seed": 0}
 
 
-def demo_config(folder: Path) -> Path:
-    """configs/demo.yaml with everything it writes or reads moved under `folder`."""
+def demo_config(folder: Path, smoke: bool) -> Path:
+    """configs/demo.yaml with everything it writes or reads moved under `folder`, shrunk for --smoke."""
     raw = yaml.safe_load((REPOSITORY / "configs" / "demo.yaml").read_text())
+    if smoke:
+        for section, changes in SMOKE_SECTIONS.items():
+            raw[section] = {**raw.get(section, {}), **changes}
+        raw["training"] = SMOKE_TRAINING
     raw["lake_root"] = str(folder / "lake")
     raw["catalog_path"] = str(folder / "catalog.duckdb")
     raw["comparisons"] = False
@@ -97,11 +112,11 @@ def main() -> None:
     parser.add_argument(
         "--keep", type=Path, help="work in this folder and leave it (default: a temporary one)"
     )
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, {"documents": 10})
     with tempfile.TemporaryDirectory(prefix="moe-dag-incremental-") as scratch:
         folder = args.keep or Path(scratch)
         folder.mkdir(parents=True, exist_ok=True)
-        config_path = demo_config(folder)
+        config_path = demo_config(folder, args.smoke)
         raw = yaml.safe_load(config_path.read_text())
         corpus_config = DemoCorpusConfig(**raw["demo_corpus"])
         build_demo_corpus(folder / "corpus", corpus_config)
@@ -127,6 +142,7 @@ def main() -> None:
     print(
         json.dumps(
             {
+                "bench": "incremental",
                 "source": args.source,
                 "documents_added": added,
                 "full_run_s": round(full_run_s, 1),

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 import triton.testing
 
+from benchmarks._smoke import parse_with_smoke
 from moe_dag.kernels import backend
 from moe_dag.kernels.fp8 import (
     ACTIVATION_BLOCK,
@@ -317,7 +318,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     parser.add_argument(
         "--preset", choices=sorted(PRESETS), default="7b2a", help="model preset for the shapes"
     )
-    args = parser.parse_args(argv)
+    args = parse_with_smoke(parser, {"tokens": 512}, argv)
     summary: dict[str, object] = {"bench": "kernel_speed", "kernels": list(BENCHES)}
     if not torch.cuda.is_available():
         print("measured nothing: no CUDA device (this benchmark times compiled Triton kernels on a GPU)")

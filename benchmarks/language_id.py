@@ -27,6 +27,7 @@ import json  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 
+from benchmarks._smoke import parse_with_smoke  # noqa: E402
 from moe_dag.curation.filters.language import LanguageFilter  # noqa: E402
 from moe_dag.curation.filters.prefilter import PrefilterConfig  # noqa: E402
 from moe_dag.curation.filters.reference import installed_documents, labelled_language_samples  # noqa: E402
@@ -121,7 +122,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--min-messages", type=int, default=150)
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, {"repeats": 1, "min_messages": 1000})
 
     candidates = identifiers()
     report = {}

@@ -49,6 +49,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyarrow.compute import is_in
 
+from benchmarks._smoke import parse_with_smoke
 from moe_dag.config import load_config
 from moe_dag.curation.demo_corpus import build_demo_corpus
 from moe_dag.mixture import SourceTokens, write_token_shard
@@ -158,7 +159,7 @@ def main() -> None:
     parser.add_argument("--neutral-share", type=float, default=0.35)
     parser.add_argument("--swarm-share", type=float, default=0.075)
     parser.add_argument("--keep", type=Path, help="keep the corpus, shards and runs in this folder")
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, {"candidates": 4, "steps": 5, "final_seeds": 1, "docs_per_source": 150})
     started = time.perf_counter()
     search = dataclasses.replace(
         defaults,

@@ -36,6 +36,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: idle thread
 
 import torch  # noqa: E402
 
+from benchmarks._smoke import parse_with_smoke  # noqa: E402
 from moe_dag.config import load_config  # noqa: E402
 from moe_dag.training.config import preset  # noqa: E402
 from moe_dag.training.grouped_mm import grouped_mm, looped_grouped_mm  # noqa: E402
@@ -76,7 +77,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--batch", type=int, default=16, help="sequences of the demo's 128 tokens")
     parser.add_argument("--threads", type=int, help="torch threads (default: one demo worker's share)")
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, {"repeats": 2, "batch": 2})
     demo_workers = load_config(DEMO_CONFIG).training.nproc_per_node
     torch.set_num_threads(args.threads or threads_per_worker(demo_workers))
     moe, x = moe_layer(args.batch)

@@ -20,6 +20,7 @@ import time
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: idle threads must not spin
 
+from benchmarks._smoke import parse_with_smoke  # noqa: E402
 from moe_dag.training.config import preset  # noqa: E402
 from moe_dag.training.synthetic import train_on_synthetic  # noqa: E402
 
@@ -30,7 +31,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch-size", type=int, default=16)
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, {"steps": 12, "batch_size": 2})
     final: dict[str, float] = {}
     for recipe in RECIPES:
         config = preset("demo")

@@ -45,8 +45,9 @@ MAX_FIGURES = 12
 
 
 def benchmark_names() -> list[str]:
-    not_benchmarks = {Path(__file__).stem, "__init__"}
-    return sorted(path.stem for path in BENCHMARKS.glob("*.py") if path.stem not in not_benchmarks)
+    """Every module of the package but the runner itself and helpers (`_name`, `__init__`)."""
+    scripts = (path.stem for path in BENCHMARKS.glob("*.py") if not path.stem.startswith("_"))
+    return sorted(name for name in scripts if name != Path(__file__).stem)
 
 
 def module_command(name: str, script_args: list[str]) -> list[str]:

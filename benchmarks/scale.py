@@ -71,6 +71,7 @@ import numpy as np
 import pyarrow as pa
 import zstandard
 
+from benchmarks._smoke import parse_with_smoke
 from moe_dag.curation.dedup import ShardClusters, apply_dedup
 from moe_dag.curation.dedup.partitioned import CLUSTERS_STAGE, cluster_file_name
 from moe_dag.curation.demo_corpus import DemoCorpusConfig, build_demo_corpus
@@ -571,7 +572,7 @@ def main() -> None:
     parser.add_argument("--part-rows", type=int, default=2000)
     parser.add_argument("--speedup", action="store_true")
     parser.add_argument("--config", default=str(ROOT / "configs" / "demo.yaml"))
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, {"docs_per_source": 60, "scales": "1,2", "apply_clusters": "1000"})
     scales = [int(s) for s in args.scales.split(",")]
     config = str(Path(args.config).resolve())
 

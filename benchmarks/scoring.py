@@ -63,6 +63,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from benchmarks._smoke import parse_with_smoke
 from moe_dag.config import PipelineConfig, load_config
 from moe_dag.curation.demo_corpus.gettext_text import intl_documents
 from moe_dag.curation.demo_corpus.python_text import code_documents, prose_documents
@@ -343,7 +344,7 @@ if __name__ == "__main__":
         default="demo",
         help="multilingual: the 22-language fixture",
     )
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, {"documents": 40, "repeats": 1, "epochs": 1})
     layers = (args.probe_layer, args.judge_layer)
     print(
         json.dumps(

@@ -29,6 +29,7 @@ import time
 import torch
 from transformers import GptOssConfig, GptOssModel
 
+from benchmarks._smoke import parse_with_smoke
 from moe_dag.quality.heads import (
     Backbone,
     BackboneConfig,
@@ -180,5 +181,5 @@ if __name__ == "__main__":
     parser.add_argument(
         "--tiny", action="store_true", help="a small model of the same family, on CPU if need be"
     )
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, {"tokens": 128, "batches": [2], "repeats": 1})
     print(json.dumps(main(args.tokens, args.batches, args.repeats, args.tiny)))

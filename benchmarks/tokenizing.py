@@ -38,6 +38,7 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 
+from benchmarks._smoke import parse_with_smoke
 from moe_dag.mixture.token_shards import ENCODE_BATCH_DOCUMENTS, write_token_shard  # noqa: E402
 from moe_dag.mixture.tokenizer import (  # noqa: E402
     TokenizerConfig,
@@ -78,7 +79,7 @@ def main() -> None:
     parser.add_argument("--documents", type=int, default=20_000)
     parser.add_argument("--chars", type=int, default=2_000)
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, {"documents": 200, "chars": 500, "repeats": 1})
 
     texts = stdlib_documents(args.documents, args.chars)
     trained = train_tokenizer(texts, TokenizerConfig(vocab_size=4096))
@@ -115,7 +116,7 @@ def main() -> None:
     ratio = rates["write_token_shard"] / rates["encode_batch"]
     print(f"write_token_shard / encode_batch: {ratio:.2f}x")
     result = {
-        "bench": "tokenize",
+        "bench": "tokenizing",
         "documents": len(texts),
         "tokens": tokens,
         "encode_batch_tokens_per_s": round(rates["encode_batch"]),

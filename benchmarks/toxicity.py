@@ -34,6 +34,7 @@ import time  # noqa: E402
 
 import pyarrow as pa  # noqa: E402
 
+from benchmarks._smoke import parse_with_smoke  # noqa: E402
 from moe_dag.curation.demo_corpus.noise import toxic_text  # noqa: E402
 from moe_dag.curation.filters import ToxicityConfig, build_toxicity_filters, run_filters  # noqa: E402
 from moe_dag.curation.filters.reference import installed_documents  # noqa: E402
@@ -93,7 +94,7 @@ def main() -> None:
     parser.add_argument("--documents", type=int, default=1000, help="real documents for the labelled sets")
     parser.add_argument("--limit", type=int, default=60, help="clean documents for the speed comparison")
     parser.add_argument("--repeats", type=int, default=2)
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, {"documents": 30, "limit": 3, "repeats": 1})
 
     from better_profanity import profanity
 

@@ -23,6 +23,7 @@ import statistics
 
 import torch
 
+from benchmarks._smoke import parse_with_smoke
 from moe_dag.training.config import preset
 from moe_dag.training.mfu import peak_flops
 from moe_dag.training.params import flops_per_token
@@ -70,7 +71,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--cpu", action="store_true", help="run on CPU (to check the script)")
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, {"preset": "tiny", "steps": 4, "warmup": 1, "batch_size": 2})
     if not torch.cuda.is_available() and not args.cpu:
         print("no CUDA device: nothing measured")
         print(json.dumps({"bench": "training_gpu", "device": "cpu", "skipped": "no CUDA device"}))
