@@ -4,15 +4,20 @@ VENV := .venv
 BIN := $(VENV)/bin
 STATE := .moe_dag
 CONFIG ?= configs/demo.yaml
-# The CPU build of torch on a laptop or CI; on a GPU box: make setup TORCH_SPEC='torch>=2.6,<2.15' EXTRAS=dev,bench,gpu
-TORCH_SPEC ?= torch==2.13.0
-EXTRAS ?= dev,bench
+# What is installed comes from two locks with hashes (docs/operating.md#set-up): LOCK, the graph's
+# dependencies plus the dev and bench extras (make setup, make test, CI), and RUNTIME_LOCK, the same
+# versions without the extras (make runtime, make demo). `make lock` rewrites both: the CPU build of torch
+# (TORCH_SPEC) and the newest releases pyproject.toml allows. A GPU box: docs/production.md#gpus.
+LOCK ?= requirements.lock
+RUNTIME_LOCK ?= requirements-runtime.lock
+TORCH_SPEC ?= torch==2.13.0+cpu
+LOCK_EXTRAS ?= dev bench
 export DAGSTER_HOME := $(CURDIR)/$(STATE)/dagster
 export MOE_DAG_CONFIG := $(CONFIG)
 
-.PHONY: setup runtime demo test test-fast ui bench lint clean
+.PHONY: setup runtime demo test test-fast ui bench lint clean lock lock-gpu
 
-# Everything: the graph's dependencies plus the EXTRAS (tests, benchmarks, the datatrove comparison).
+# Everything: the graph's dependencies plus the extras in LOCK (tests, benchmarks, the datatrove comparison).
 setup: $(BIN)/.installed-extras $(DAGSTER_HOME)/dagster.yaml
 
 # What the graph itself needs: `make demo` and `make ui` install no more.
@@ -62,16 +67,39 @@ print(" ".join(map(shlex.quote, flags)))
 endef
 export PIP_SOURCES_FOR_UV
 
-$(BIN)/.installed: pyproject.toml
+# --no-deps: the lock names every package, so nothing outside it (a second torch, a CUDA one) comes in.
+# The lock's hashes are checked as it is read (uv's --verify-hashes default, pip's hash-checking mode);
+# --require-hashes is left off because it also refuses the machine's unpinned pip constraints.
+$(BIN)/.venv-ready:
 	test -x $(BIN)/python || $(NEW_VENV)
 	$(if $(filter $(BIN)/uv,$(UV)),test -x $(BIN)/uv || $(BIN)/pip install --quiet --no-compile uv)
-	$(BIN)/python -c "import torch" 2>/dev/null || $(INSTALL) '$(TORCH_SPEC)'
-	$(INSTALL) -e .
 	touch $@
 
-$(BIN)/.installed-extras: $(BIN)/.installed
-	$(INSTALL) -e '.[$(EXTRAS)]'
+$(BIN)/.installed: pyproject.toml $(RUNTIME_LOCK) | $(BIN)/.venv-ready
+	$(INSTALL) --no-deps -r $(RUNTIME_LOCK)
+	$(INSTALL) --no-deps -e .
 	touch $@
+
+$(BIN)/.installed-extras: $(BIN)/.installed $(LOCK)
+	$(INSTALL) --no-deps -r $(LOCK)
+	touch $@
+
+# Upgrades both locks to the newest releases pyproject.toml allows, from the sources pip is configured
+# with (the machine's constraints left out: the torch pin is TORCH_SPEC), reinstalls from them and runs
+# the whole suite. Commit the locks with the change once it passes. The runtime lock is solved under the
+# full one, so the two never disagree on a version.
+LOCK_COMPILE = echo '$(TORCH_SPEC)' | $(UV) pip compile --quiet --upgrade --generate-hashes \
+	--python $(BIN)/python $(call UV_SOURCES) --custom-compile-command 'make lock' pyproject.toml -
+lock: | $(BIN)/.venv-ready
+	$(LOCK_COMPILE) $(addprefix --extra ,$(LOCK_EXTRAS)) -o $(LOCK)
+	$(LOCK_COMPILE) --constraints $(LOCK) -o $(RUNTIME_LOCK)
+	$(MAKE) test
+
+# The gpu extra's lock, written on a GPU box whose pip sources carry a CUDA torch (docs/production.md#gpus):
+# make lock-gpu TORCH_SPEC='torch==2.13.0+cu130', then make setup LOCK=requirements-gpu.lock. Not
+# committed: on a CPU machine the solve takes the CPU torch under vLLM and Transformer Engine.
+lock-gpu: | $(BIN)/.venv-ready
+	$(LOCK_COMPILE) $(addprefix --extra ,$(LOCK_EXTRAS) gpu) -o requirements-gpu.lock
 
 # Dagster reads its instance config from $DAGSTER_HOME: all of its state stays under $(STATE)/.
 $(DAGSTER_HOME)/dagster.yaml: dagster.yaml
