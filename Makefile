@@ -149,6 +149,23 @@ BENCH_ARGS ?=
 bench: setup
 	$(BIN)/python -m benchmarks.run_all $(BENCH) $(if $(BENCH_ARGS),-- $(BENCH_ARGS))
 
+# On a CUDA machine (after make setup LOCK=requirements-gpu.lock): the benchmarks that need CUDA, through
+# run_all so they are recorded, then the tests that check them at their smoke sizes, within 8 minutes in
+# all. No test in the suite needs CUDA otherwise (the kernel tests run in Triton's interpreter). On CPU it
+# says what it would run and exits 0.
+GPU_BENCHMARKS := kernel_speed training_gpu scoring_gpu
+GPU_CHECK_RUN := $(BIN)/python -m benchmarks.run_all $(GPU_BENCHMARKS)
+GPU_CHECK_TESTS := $(BIN)/python -m pytest -q tests/test_benchmark_smoke.py -k '$(subst $() , or ,$(GPU_BENCHMARKS))'
+.PHONY: gpu-check
+gpu-check:
+	@if $(BIN)/python -c 'import sys, torch; sys.exit(not torch.cuda.is_available())'; then \
+		timeout 480 sh -c "$(GPU_CHECK_RUN) && $(GPU_CHECK_TESTS)"; \
+	else \
+		echo "no CUDA device: nothing run. On a CUDA machine make gpu-check runs, within 8 minutes:"; \
+		echo "  $(GPU_CHECK_RUN)"; \
+		echo "  $(GPU_CHECK_TESTS)"; \
+	fi
+
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
