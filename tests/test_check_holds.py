@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dagster as dg
 import pytest
-import yaml
 from test_dedup_backfill import pipeline_config, sentence_text, write_shard
 
 from moe_dag.config import load_config
@@ -13,6 +12,7 @@ from moe_dag.orchestration.check_holds import CheckHolds, HeldByCheck
 from moe_dag.orchestration.definitions import build_definitions
 from moe_dag.orchestration.pipeline import materialize_all
 from moe_dag.orchestration.staleness import Staleness
+from tests.pipeline_configs import edited_config
 
 
 def materialized(instance: dg.DagsterInstance, asset: str, partition: str | None = None) -> bool:
@@ -63,10 +63,7 @@ def test_an_emptied_source_stays_held_in_later_runs_until_it_passes(tmp_path):
     assert holds.holding(["dedup_clusters"], None) == []
 
     # Issue 21, defect 3: one source's own settings make only that source's partitions stale.
-    raw = yaml.safe_load(config.read_text())
-    raw["sources"][0]["languages"] = ["en"]
-    changed = tmp_path / "changed.yaml"
-    changed.write_text(yaml.safe_dump(raw))
+    changed = edited_config(config, {"sources": {"a": {"languages": ["en"]}}}, to=tmp_path / "changed.yaml")
     staleness = Staleness(instance, build_definitions(changed), load_config(changed))
     assert (
         staleness.reason("prefiltered", "a")
@@ -79,9 +76,7 @@ def test_a_check_bound_is_part_of_the_code_version_of_the_asset_it_checks(tmp_pa
     """Changing `checks.min_head_f1` makes quality_heads stale (so its check runs again), nothing else."""
     corpus = tmp_path / "corpus"
     config = pipeline_config(tmp_path, corpus, "bounds")
-    raw = yaml.safe_load(config.read_text())
-    changed = tmp_path / "changed.yaml"
-    changed.write_text(yaml.safe_dump({**raw, "checks": {"min_head_f1": 0.5}}))
+    changed = edited_config(config, {"checks": {"min_head_f1": 0.5}}, to=tmp_path / "changed.yaml")
     before = build_definitions(config).resolve_asset_graph()
     after = build_definitions(changed).resolve_asset_graph()
     differ = {
@@ -98,11 +93,11 @@ def test_one_sources_settings_change_no_code_version_and_only_that_sources_confi
     from moe_dag.orchestration.automation import source_config_version
 
     config = pipeline_config(tmp_path, tmp_path / "corpus", "per_source")
-    raw = yaml.safe_load(config.read_text())
-    raw["sources"][1]["languages"] = ["en"]
-    raw["checks"] = {"max_drop_share_by_source": {"b": {"default": 0.9}}}
-    changed = tmp_path / "changed.yaml"
-    changed.write_text(yaml.safe_dump(raw))
+    changes = {
+        "sources": {"b": {"languages": ["en"]}},
+        "checks": {"max_drop_share_by_source": {"b": {"default": 0.9}}},
+    }
+    changed = edited_config(config, changes, to=tmp_path / "changed.yaml")
     before, after = build_definitions(config), build_definitions(changed)
     old, new = before.resolve_asset_graph(), after.resolve_asset_graph()
     changed_versions = {

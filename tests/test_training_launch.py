@@ -74,7 +74,7 @@ def test_several_nodes_add_the_rendezvous_and_one_agent_per_node_fixes_its_own(t
     ]
     with pytest.raises(ConfigError, match="must be host:port"):
         TrainingLaunchConfig(nnodes=2, rdzv_endpoint="head")
-    with pytest.raises(ConfigError, match="at least 1"):
+    with pytest.raises(ConfigError, match=r"nnodes: must be in \[1, 4096\], got 0"):
         TrainingLaunchConfig(nnodes=0)
 
 
