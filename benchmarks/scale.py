@@ -241,11 +241,13 @@ def measure_pipeline(
     from moe_dag.curation.dedup import cluster_partitioned
     from moe_dag.curation.dedup.partitioned import plan_parts, recorded_versions
     from moe_dag.curation.filters import build_prefilters, build_toxicity_filters
-    from moe_dag.curation.fits import fit_source_in_tasks, settings_digest, store_fit, with_fit
+    from moe_dag.curation.fits import fit_source_in_tasks, store_fit, with_fit
     from moe_dag.curation.ingest import ingest_source
     from moe_dag.curation.work import DedupWork, FilterWork, SignatureWork
     from moe_dag.engine import RayConfig, StageSpec, connect, run_stage, upstream_inputs
     from moe_dag.mixture.curated import build_curated_mixture, train_curated_tokenizer
+    from moe_dag.settings.curation import prefilter_settings, toxicity_settings
+    from moe_dag.settings.stage import work_digest
 
     config = load_config(config_path)
     lake, names = Lake(lake_dir), config.source_names
@@ -275,16 +277,16 @@ def measure_pipeline(
     def prefilter() -> dict:
         documents, fit_s = 0, 0.0
         for source in config.sources:  # as moe_dag/assets/prefilter.py, on a lake with no earlier fit
-            settings = config.prefilter_for(source)
-            filters = build_prefilters(settings, source.kind, source.languages)
+            settings = prefilter_settings(config, source.name)
+            filters = build_prefilters(settings.filters, settings.kind, settings.languages)
             started = time.perf_counter()
             fit = fit_source_in_tasks(
                 filters,
                 lake,
                 "raw_documents",
                 source.name,
-                settings.perplexity.sample_documents,
-                settings_digest((settings, source.kind, source.languages)),
+                settings.filters.perplexity.sample_documents,
+                work_digest(settings),
                 workers=workers,
             )
             store_fit(lake, "prefiltered", source.name, fit)
@@ -294,8 +296,8 @@ def measure_pipeline(
                 make_work=functools.partial(
                     FilterWork, "prefiltered", functools.partial(list, with_fit(filters, fit))
                 ),
-                params=repr((settings, source.kind, source.languages, fit.version)),
-                warm=source.languages is not None,
+                params=f"{work_digest(settings)} {fit.version}",
+                warm=settings.languages is not None,
             )
             documents += run(
                 spec, source.name, upstream_inputs(lake, "raw_documents", source.name)
@@ -359,9 +361,13 @@ def measure_pipeline(
                 make_work=functools.partial(
                     FilterWork,
                     "toxicity_filtered",
-                    functools.partial(build_toxicity_filters, config.toxicity, source.kind),
+                    functools.partial(
+                        build_toxicity_filters,
+                        toxicity_settings(config, source.name).filters,
+                        source.kind,
+                    ),
                 ),
-                params=repr((config.toxicity, source.kind)),
+                params=work_digest(toxicity_settings(config, source.name)),
                 warm=True,
             ),
             "deduplicated",

@@ -20,7 +20,6 @@ from moe_dag.curation.fits import (
     fit_source,
     load_fit,
     refit_changes,
-    settings_digest,
     store_fit,
     with_fit,
 )
@@ -111,7 +110,9 @@ def test_a_new_shard_keeps_old_decisions_and_a_refit_says_what_it_changes(tmp_pa
     config = load_config(config_path)
     settings = config.prefilter_for(config.source("a"))
     filters = build_prefilters(settings, "reference", None)
-    refitted = fit_source(filters, lake.iter_batches("raw_documents", "a"), 100_000, settings_digest("x"))
+    refitted = fit_source(
+        filters, lake.iter_batches("raw_documents", "a"), 100_000, "the settings of a refit"
+    )
     predicted = refit_changes(lake, "prefiltered", "a", with_fit(filters, refitted))
     assert predicted.num_rows > 0
     before = decisions(lake, "prefiltered", "a")

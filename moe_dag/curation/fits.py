@@ -95,11 +95,6 @@ class SourceFit:
         }
 
 
-def settings_digest(settings: object) -> str:
-    """A short digest of the repr of whatever the fit depends on (config, kind, languages)."""
-    return hashlib.blake2b(repr(settings).encode(), digest_size=8).hexdigest()
-
-
 def fit_source(
     filters: Sequence[DocumentFilter], batches: Iterable[pa.Table], max_documents: int, settings: str
 ) -> SourceFit:
