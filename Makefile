@@ -15,7 +15,7 @@ LOCK_EXTRAS ?= dev bench
 export DAGSTER_HOME := $(CURDIR)/$(STATE)/dagster
 export MOE_DAG_CONFIG := $(CONFIG)
 
-.PHONY: setup runtime demo test test-fast ui bench lint clean lock lock-gpu
+.PHONY: setup runtime demo test test-fast ui bench figures lint clean lock lock-gpu
 
 # Everything: the graph's dependencies plus the extras in LOCK (tests, benchmarks, the datatrove comparison).
 setup: $(BIN)/.installed-extras $(DAGSTER_HOME)/dagster.yaml
@@ -141,13 +141,18 @@ ui: runtime
 	$(BIN)/dagster dev -h 127.0.0.1 -p 3000
 
 # Every benchmark through benchmarks/run_all.py, which records each one's last JSON line with the date,
-# commit and machine under benchmarks/results/ and regenerates the table in docs/benchmarks.md. Benchmarks
-# run as modules of the benchmarks package, never as scripts (benchmarks/__init__.py says why).
+# commit and machine under benchmarks/results/, then re-renders every generated figures block in README.md
+# and docs/*.md from the newest records (a page quotes a measured figure nowhere else; make figures
+# re-renders without running anything, tests/test_doc_figures.py checks). Benchmarks run as modules of the
+# benchmarks package, never as scripts (benchmarks/__init__.py says why).
 # BENCH=scoring (or BENCH="scoring moe_layer") runs some; BENCH_ARGS go to the scripts.
 BENCH ?=
 BENCH_ARGS ?=
 bench: setup
 	$(BIN)/python -m benchmarks.run_all $(BENCH) $(if $(BENCH_ARGS),-- $(BENCH_ARGS))
+
+figures: runtime
+	$(BIN)/python -m benchmarks.run_all --render
 
 # On a CUDA machine (after make setup LOCK=requirements-gpu.lock): the benchmarks that need CUDA, through
 # run_all so they are recorded, then the tests that check them at their smoke sizes, within 8 minutes in
