@@ -10,6 +10,11 @@ CONFIG ?= configs/demo.yaml
 # (TORCH_SPEC) and the newest releases pyproject.toml allows. A GPU box: docs/production.md#gpus.
 LOCK ?= requirements.lock
 RUNTIME_LOCK ?= requirements-runtime.lock
+# The MLflow tracking server (tests/test_mlflow_tracking.py; the client is the mlflow extra, in LOCK) has an
+# environment of its own: every release of the full `mlflow` package caps pyarrow below the 26 in LOCK.
+MLFLOW_VENV := .venv-mlflow
+MLFLOW_LOCK ?= requirements-mlflow-server.lock
+MLFLOW_SPEC ?= mlflow>=3.17,<4
 TORCH_SPEC ?= torch==2.13.0+cpu
 LOCK_EXTRAS ?= dev bench
 export DAGSTER_HOME := $(CURDIR)/$(STATE)/dagster
@@ -18,7 +23,7 @@ export MOE_DAG_CONFIG := $(CONFIG)
 .PHONY: setup runtime demo test test-fast ui bench figures lint clean lock lock-gpu
 
 # Everything: the graph's dependencies plus the extras in LOCK (tests, benchmarks, the datatrove comparison).
-setup: $(BIN)/.installed-extras $(DAGSTER_HOME)/dagster.yaml
+setup: $(BIN)/.installed-extras $(MLFLOW_VENV)/.installed $(DAGSTER_HOME)/dagster.yaml
 
 # What the graph itself needs: `make demo` and `make ui` install no more.
 runtime: $(BIN)/.installed $(DAGSTER_HOME)/dagster.yaml
@@ -31,8 +36,9 @@ runtime: $(BIN)/.installed $(DAGSTER_HOME)/dagster.yaml
 UV_ON_PATH := $(shell command -v uv 2>/dev/null)
 UV ?= $(or $(UV_ON_PATH),$(BIN)/uv)
 UV_SOURCES = --index-strategy unsafe-best-match $$($(PYTHON) -c "$$PIP_SOURCES_FOR_UV" $(1))
-INSTALL = $(if $(UV),$(UV) pip install --quiet --python $(BIN)/python $(if $(PYTHONDONTWRITEBYTECODE),--compile-bytecode) \
-	$(call UV_SOURCES,--constraints),$(BIN)/pip install --quiet)
+INSTALL_INTO = $(if $(UV),$(UV) pip install --quiet --python $(1)/bin/python $(if $(PYTHONDONTWRITEBYTECODE),--compile-bytecode) \
+	$(call UV_SOURCES,--constraints),$(1)/bin/pip install --quiet)
+INSTALL = $(call INSTALL_INTO,$(VENV))
 # The environment, with pip in it either way (the fallback, and `.venv/bin/pip install` in the docs).
 NEW_VENV = $(if $(filter-out $(BIN)/uv,$(UV)),$(UV) venv --quiet --seed \
 	--python "$$($(PYTHON) -c 'import sys; print(sys.executable)')" $(call UV_SOURCES) $(VENV),$(PYTHON) -m venv $(VENV))
@@ -84,6 +90,12 @@ $(BIN)/.installed-extras: $(BIN)/.installed $(LOCK)
 	$(INSTALL) --no-deps -r $(LOCK)
 	touch $@
 
+# The MLflow server's environment, beside .venv (the uv there installs into it): `$(MLFLOW_VENV)/bin/mlflow server`.
+$(MLFLOW_VENV)/.installed: $(MLFLOW_LOCK) | $(BIN)/.venv-ready
+	test -x $(MLFLOW_VENV)/bin/python || $(PYTHON) -m venv $(MLFLOW_VENV)
+	$(call INSTALL_INTO,$(MLFLOW_VENV)) --no-deps -r $(MLFLOW_LOCK)
+	touch $@
+
 # Upgrades both locks to the newest releases pyproject.toml allows, from the sources pip is configured
 # with (the machine's constraints left out: the torch pin is TORCH_SPEC), reinstalls from them and runs
 # the whole suite. Commit the locks with the change once it passes. The runtime lock is solved under the
@@ -93,6 +105,8 @@ LOCK_COMPILE = echo '$(TORCH_SPEC)' | $(UV) pip compile --quiet --upgrade --gene
 lock: | $(BIN)/.venv-ready
 	$(LOCK_COMPILE) $(addprefix --extra ,$(LOCK_EXTRAS)) -o $(LOCK)
 	$(LOCK_COMPILE) --constraints $(LOCK) -o $(RUNTIME_LOCK)
+	echo '$(MLFLOW_SPEC)' | $(UV) pip compile --quiet --upgrade --generate-hashes --python $(BIN)/python \
+		$(call UV_SOURCES) --custom-compile-command 'make lock' - -o $(MLFLOW_LOCK)
 	$(MAKE) test
 
 # The gpu extra's lock, written on a GPU box whose pip sources carry a CUDA torch (docs/production.md#gpus):

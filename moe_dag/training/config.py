@@ -40,6 +40,7 @@ AttentionKind = Literal["mha", "gqa", "swa", "mla", "nsa", "kda"]
 RouterScore = Literal["sigmoid", "softmax"]
 DeviceChoice = Literal["auto", "cpu", "cuda"]
 WandbMode = Literal["disabled", "offline", "online"]
+TrackingBackend = Literal["wandb", "mlflow"]
 OptimizerName = Literal["adamw", "muon"]
 ScheduleName = Literal["cosine", "wsd"]
 PrecisionRecipeName = Literal["fp32", "bf16", "fp8", "fp8-emulated", "nvfp4", "nvfp4-emulated"]
@@ -255,8 +256,12 @@ class TrainConfig:
     keep_checkpoints: int = 2
     # Peak FLOP/s for MFU; None: the accelerator's datasheet figure, or the measured matmul rate on CPU.
     peak_tflops: float | None = None
+    # Where the run is tracked (tracking.py): wandb, in `wandb_mode`, or an MLflow server at
+    # `tracking_uri` (None: $MLFLOW_TRACKING_URI), which is on whenever chosen.
+    tracking: TrackingBackend = "wandb"
     wandb_mode: WandbMode | None = None  # None: $WANDB_MODE if set, else "disabled"
-    wandb_project: str = "moe-dag"
+    wandb_project: str = "moe-dag"  # also MLflow's experiment name
+    tracking_uri: str | None = None
 
     def __post_init__(self) -> None:
         check_ranges(self)
