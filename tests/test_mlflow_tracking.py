@@ -9,10 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import signal
-import socket
-import subprocess
 import sys
 import time
 import urllib.request
@@ -25,16 +21,11 @@ from mlflow.tracking import MlflowClient
 from moe_dag.training.config import apply_overrides
 from moe_dag.training.tracking import TRACKING_FILE, start_tracking
 from moe_dag.training.trainer import train
+from tests.local_processes import free_port, start_group, stop_group
 from tests.test_trainer import fast_config, repeating_data  # noqa: F401 (a fixture)
 
 SERVER = Path(__file__).resolve().parents[1] / ".venv-mlflow" / "bin" / "mlflow"
 STARTUP_SECONDS = 180  # 25 s on two cores, 70 s at load 29: database migrations, then uvicorn
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -46,26 +37,18 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     command = [str(SERVER), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
     command += ["--backend-store-uri", f"sqlite:///{folder / 'mlflow.db'}"]
     command += ["--artifacts-destination", str(folder / "artifacts")]
-    log = (folder / "server.log").open("w")
-    # Its own process group: the server starts uvicorn and a job runner, all stopped together below.
-    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    log = folder / "server.log"
+    server = start_group(command, log)  # the server, the uvicorn it starts and its job runner
     uri = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + STARTUP_SECONDS
         while not _healthy(uri):
-            assert server.poll() is None, f"the MLflow server exited: {(folder / 'server.log').read_text()}"
+            assert server.poll() is None, f"the MLflow server exited: {log.read_text()}"
             assert time.monotonic() < deadline, f"no MLflow server after {STARTUP_SECONDS} s"
             time.sleep(0.5)
         yield uri
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
-        log.close()
-        assert not _group_alive(server.pid), "the MLflow server's processes outlived it"
+        stop_group(server)
 
 
 def _healthy(uri: str) -> bool:
@@ -74,17 +57,6 @@ def _healthy(uri: str) -> bool:
             return response.status == 200
     except OSError:
         return False
-
-
-def _group_alive(group: int) -> bool:
-    deadline = time.monotonic() + 10  # the children exit just after the parent
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(group, 0)
-        except ProcessLookupError:
-            return False
-        time.sleep(0.2)
-    return True
 
 
 def graph_context(dagster_run_id: str) -> dict[str, object]:
