@@ -304,7 +304,7 @@ def render_pages() -> list[Path]:
     for page in pages():
         text = page.read_text()
         try:
-            blocks(text)  # a malformed block stops the run before any page is half rewritten
+            blocks(text)  # a malformed block stops the run before this page is rewritten
             rendered = BLOCK.sub(lambda block: render_block(block["spec"]), text)
         except ValueError as error:
             raise ValueError(f"{os.path.relpath(page, ROOT)}: {error}") from None
