@@ -16,19 +16,26 @@ after the swarm, scored on the whole neutral set, and compared paired by seed an
 (compare.paired_gain: the interval counts the documents' noise and the seeds' shared noise).
 
 Prints per candidate its shares and achieved bits per byte, the models' leave-one-out errors, the
-proposal; last line JSON: `bench`, `candidates`, `steps`, `concentration`, `preset`, `params`,
+proposal. `--seeds N` runs the whole search N times on one corpus (search seed s: the candidates drawn
+with seed s, the swarm trained with seed s); the configured mixture's replicas are trained once and
+paired with every search's proposal. Last line JSON: `bench`, `seeds`, `candidates`, `steps`,
+`concentration`, `design`, `preset`, `params`, `final_seeds`; every search seed's figure in a list:
 `spearman_loo`, `model`, `loo_rmse`, `spread` (standard deviation of the candidates' losses),
-`predicted`, `predicted_interval` (+- 1.96 leave-one-out RMSE: the error the fit makes on unseen runs),
-`achieved` (mean over the final seeds), `validation_error` (achieved - predicted) with
-`validation_error_ci`, `inside_predicted_interval`, `configured` (on the swarm's documents),
-`neutral_documents`, `swarm_documents`, `configured_all` and `proposal_all` (on the whole neutral set),
-`gain_vs_configured` (proposal - configured on the whole set, negative: the proposal is better) with its
-95% interval `gain_vs_configured_ci`, `gain_vs_configured_ci_documents` (the documents' noise alone),
-`gain_per_seed`, `gain_seed_share` (of the gain's variance, the seeds' shared noise), `gain_resolved`,
-`seed_sd` (one proxy's training noise, from the final seeds' differences), `profile` (per proxy: training
-and scoring seconds, steps per second), `build_s`, `swarm_s`, `wall_s`. Options: `--candidates`,
-`--steps`, `--concentration`, `--parallel`, `--final-seeds`, `--docs-per-source`, `--neutral-share`,
-`--swarm-share`, `--keep` (a folder to keep the runs in).
+`proposals`, `predicted`, `predicted_interval` (+- 1.96 leave-one-out RMSE: the error the fit makes on
+unseen runs), `achieved` (mean over the final seeds), `validation_error` (achieved - predicted) with
+`validation_error_ci`, `achieved_ci`, `inside_predicted_interval`, `proposal_all`,
+`gain_vs_configured` (proposal - configured on the whole neutral set, negative: the proposal is better)
+with its 95% interval `gain_vs_configured_ci`, `gain_vs_configured_ci_documents` (the documents' noise
+alone), `gain_per_seed` (per replica seed), `gain_seed_share` (of the gain's variance, the seeds' shared
+noise), `gain_resolved`, `swarm_s`, `seed_wall_s`; across the seeds: `spearman_loo_median`,
+`spearman_loo_min`, `spearman_loo_max`, `spearman_loo_iqr`, `proposal_spread` (the largest difference
+of any source's weight between two seeds' proposals); once: `configured` (on the swarm's documents),
+`neutral_documents`, `swarm_documents`, `configured_all` (on the whole neutral set), `seed_sd` (one
+proxy's training noise, from the final seeds' differences), `profile` (per swarm proxy: training and
+scoring seconds, steps per second), `build_s`, `configured_s`, `wall_s`, `wall_s_per_seed`. Options:
+`--seeds`, `--candidates`, `--steps`, `--concentration`, `--design`, `--parallel`, `--final-seeds`,
+`--docs-per-source`, `--neutral-share`, `--swarm-share`, `--keep` (a folder to keep the runs in; each
+search's candidates, losses and proposal in runs/s<seed>/swarm.json).
 """
 
 from __future__ import annotations
@@ -118,11 +125,12 @@ def _worker_setup() -> None:
 
 def train_proxy(data_dir: str, neutral_dir: str, argv: list[str]) -> dict[str, float]:
     """In a worker process: train `python -m moe_dag.training`'s way (`argv` its options) and score the
-    run on the neutral set; the seconds each took."""
+    run on the neutral set; the seconds each took, and when it started and ended (`time.time()`)."""
     from moe_dag.training.__main__ import parse_args, resolve_config
     from moe_dag.training.evaluate import evaluate_run
     from moe_dag.training.trainer import train
 
+    began = time.time()
     out = Path(data_dir) / "run"
     config = resolve_config(parse_args(["--data", data_dir, "--out", str(out), *argv]))
     started = time.perf_counter()
@@ -134,6 +142,8 @@ def train_proxy(data_dir: str, neutral_dir: str, argv: list[str]) -> dict[str, f
         "eval_s": time.perf_counter() - trained,
         "steps_per_s": summary["steps_per_second"],
         "params": summary["params"]["total"],
+        "began": began,
+        "ended": time.time(),
     }
 
 
@@ -142,30 +152,53 @@ def per_source_losses(run: Path) -> dict[str, float]:
     return {source: figures["bits_per_byte"] for source, figures in report["sources"].items()}
 
 
+def proposal_spread(proposals: list[dict[str, float]]) -> float:
+    """The largest absolute difference of any source's weight between any two proposals."""
+    return max(
+        (max(p[s] for p in proposals) - min(p[s] for p in proposals) for s in proposals[0]), default=0.0
+    )
+
+
+def _round(values, digits: int = 4):
+    return [round(float(v), digits) for v in values]
+
+
 def main() -> None:
     defaults = MixtureSearchConfig()
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--candidates", type=int, default=defaults.candidates)
     parser.add_argument("--steps", type=int, default=defaults.steps)
     parser.add_argument("--concentration", type=float, default=defaults.concentration)
+    parser.add_argument("--design", choices=["dirichlet", "latin_hypercube"], default=defaults.design)
     parser.add_argument("--parallel", type=int, default=defaults.parallel)
+    # A search is a draw: its candidates (the design's seed) and its proxies' initialisation and document
+    # order (the training seed) both move `spearman_loo` and the proposal. `--seeds N` runs the whole
+    # search N times, search seed s drawing its candidates with seed s and training its swarm with seed
+    # s, on one corpus, and reports every value, the median and the worst.
+    parser.add_argument("--seeds", type=int, default=1)
     # The gain's interval: in the first default run (2 seeds, 430 neutral documents) the documents'
     # own differences gave 39% of its variance, each seed's noise on each document 61%, and no noise
     # shared by all documents was measurable; both parts shrink with more documents. Scoring a
-    # document costs every proxy, so the swarm scores the documents within `swarm_share` (as many as
-    # before) and only the deciding proxies score the whole neutral set (docs/mixture_search.md).
+    # document costs every proxy, so the swarm scores the documents within `swarm_share` and only the
+    # deciding proxies score the whole neutral set (docs/mixture_search.md).
     parser.add_argument("--final-seeds", type=int, default=3)
     parser.add_argument("--docs-per-source", type=int, default=2000)
     parser.add_argument("--neutral-share", type=float, default=0.35)
-    parser.add_argument("--swarm-share", type=float, default=0.075)
+    # The swarm's documents: 0.04 (about half as many as at 0.075) pays for more candidates. The
+    # documents drawn move every candidate's target alike (the same documents score all of them), so
+    # fewer of them change the function being ranked a little, not each candidate's noise.
+    parser.add_argument("--swarm-share", type=float, default=0.04)
     parser.add_argument("--keep", type=Path, help="keep the corpus, shards and runs in this folder")
-    args = parse_with_smoke(parser, {"candidates": 4, "steps": 5, "final_seeds": 1, "docs_per_source": 150})
+    args = parse_with_smoke(
+        parser, {"candidates": 4, "steps": 5, "final_seeds": 1, "docs_per_source": 150, "seeds": 2}
+    )
     started = time.perf_counter()
     search = dataclasses.replace(
         defaults,
         candidates=args.candidates,
         steps=args.steps,
         concentration=args.concentration,
+        design=args.design,
         parallel=args.parallel,
         final_seeds=args.final_seeds,
     )
@@ -189,121 +222,191 @@ def main() -> None:
         budget = search.steps * train.batch_size * train.grad_accum_steps * (config.mixture.seq_len + 1)
         recipe = dataclasses.replace(config.mixture, total_tokens=budget)
         capacity = {s: int(sum(shard.lengths.sum() for shard in shards[s].shards)) for s in sources}
-        shares_CS = sample_candidates(weights, capacity, budget, recipe.max_epochs, search)
-        names = [f"c{i:03d}" for i in range(len(shares_CS))]
-        jobs = {
-            n: dict(zip(sources, map(float, row), strict=True))
-            for n, row in zip(names, shares_CS, strict=True)
-        }
         configured = shares_of(weights)
-        seeds = range(search.final_seeds)
+        replica_seeds = range(search.final_seeds)
         runs: dict[str, Path] = {}
         profiles: dict[str, dict[str, float]] = {}
 
-        def submit(pool: ProcessPoolExecutor, name: str, shares: dict[str, float]):
-            seed = int(name.rpartition("_seed")[2]) if "_seed" in name else 0
+        def submit(pool: ProcessPoolExecutor, name: str, shares: dict[str, float], seed: int, on: Path):
+            """Pack `shares` with the recipe's seed + `seed` (each source's document order) and train
+            with `seed` (initialisation) under work/runs/`name`, scored on the neutral set at `on`."""
             folder = work / "runs" / name
             pack_candidate(
                 shards, shares, vocab, eos, dataclasses.replace(recipe, seed=recipe.seed + seed), folder
             )
             runs[name] = folder / "run"
-            scored_on = swarm_dir if name in names else neutral_dir
-            return pool.submit(train_proxy, str(folder), str(scored_on), [*options, "--seed", str(seed)])
+            return pool.submit(train_proxy, str(folder), str(on), [*options, "--seed", str(seed)])
 
+        searches: list[dict] = []
+        deciding: dict[str, object] = {}  # run name -> future of the deciding replicas, all seeds
         context = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(search.parallel, mp_context=context, initializer=_worker_setup) as pool:
-            futures = {name: submit(pool, name, shares) for name, shares in jobs.items()}
-            profiles |= {name: future.result() for name, future in futures.items()}
-            swarm_s = time.perf_counter() - started
-            losses = {s: np.array([per_source_losses(runs[n])[s] for n in names]) for s in sources}
-            losses[AVERAGE] = np.mean([losses[s] for s in sources], axis=0)
-            fit = fit_regressions(sources, shares_CS, losses)
-            for name, row, loss, loo in zip(
-                names, shares_CS, losses[AVERAGE], fit.loo_predictions, strict=True
-            ):
-                shown = " ".join(f"{s}={share:.3f}" for s, share in zip(sources, row, strict=True))
-                print(f"{name}: {shown}  bits/byte {loss:.4f}  leave-one-out predicted {loo:.4f}")
-            print("leave-one-out RMSE: " + ", ".join(f"{m} {e:.4f}" for m, e in fit.loo_rmse.items()))
-            proposal = propose(fit, weights, capacity, budget, recipe.max_epochs, search)
-            print(config_snippet(proposal))
-            # Both deciding mixtures' replicas after the swarm, together: 2 x final_seeds jobs keep both
-            # workers busy to the end (the configured ones in the swarm's wave made it odd, and one
-            # worker waited through a round of the longest jobs, each scoring the whole neutral set).
-            deciding = {CONFIGURED: configured, PROPOSAL: proposal.shares}
-            futures = {
-                replica_name(m, s): submit(pool, replica_name(m, s), shares)
-                for s in seeds
-                for m, shares in deciding.items()
-            }
-            profiles |= {name: future.result() for name, future in futures.items()}
+            for seed in range(args.seeds):
+                # Search seed s: the design drawn with seed s, the swarm trained with seed s.
+                seeded = dataclasses.replace(search, seed=search.seed + seed)
+                shares_CS = sample_candidates(weights, capacity, budget, recipe.max_epochs, seeded)
+                names = [f"s{seed}/c{i:03d}" for i in range(len(shares_CS))]
+                futures = {
+                    n: submit(pool, n, dict(zip(sources, map(float, row), strict=True)), seed, swarm_dir)
+                    for n, row in zip(names, shares_CS, strict=True)
+                }
+                profiles |= {name: future.result() for name, future in futures.items()}
+                losses = {s: np.array([per_source_losses(runs[n])[s] for n in names]) for s in sources}
+                losses[AVERAGE] = np.mean([losses[s] for s in sources], axis=0)
+                fit = fit_regressions(sources, shares_CS, losses)
+                print(f"search seed {seed} ({seeded.design} design):")
+                for name, row, loss, loo in zip(
+                    names, shares_CS, losses[AVERAGE], fit.loo_predictions, strict=True
+                ):
+                    shown = " ".join(f"{s}={share:.3f}" for s, share in zip(sources, row, strict=True))
+                    print(f"{name}: {shown}  bits/byte {loss:.4f}  leave-one-out predicted {loo:.4f}")
+                print("leave-one-out RMSE: " + ", ".join(f"{m} {e:.4f}" for m, e in fit.loo_rmse.items()))
+                proposal = propose(fit, weights, capacity, budget, recipe.max_epochs, seeded)
+                print(config_snippet(proposal))
+                (work / "runs" / f"s{seed}" / "swarm.json").write_text(
+                    json.dumps(
+                        {
+                            "names": names,
+                            "sources": sources,
+                            "shares": shares_CS.tolist(),
+                            "losses": {k: v.tolist() for k, v in losses.items()},
+                            "proposal": proposal.shares,
+                        }
+                    )
+                )
+                searches.append(
+                    {"seed": seed, "names": names, "fit": fit, "proposal": proposal, "losses": losses}
+                )
+                # The deciding replicas: the proposal's (replica r trained with seed r) and, once for
+                # every search, the configured mixture's, paired with them by r. Not waited for: the
+                # next search's swarm queues behind them and keeps both workers busy.
+                wave = {replica_name(f"s{seed}/{PROPOSAL}", r): (proposal.shares, r) for r in replica_seeds}
+                if seed == 0:
+                    wave |= {replica_name(CONFIGURED, r): (configured, r) for r in replica_seeds}
+                deciding |= {
+                    name: submit(pool, name, shares, r, neutral_dir) for name, (shares, r) in wave.items()
+                }
+            profiles |= {name: future.result() for name, future in deciding.items()}
 
         def replicas(name: str, swarm_only: bool = False) -> list:
-            tables = [pq.read_table(runs[replica_name(name, s)] / EVAL_DOCUMENTS_FILE) for s in seeds]
+            tables = [pq.read_table(runs[replica_name(name, r)] / EVAL_DOCUMENTS_FILE) for r in replica_seeds]
             if swarm_only:
                 tables = [t.filter(is_in(t["id"], value_set=pa.array(sorted(swarm_ids)))) for t in tables]
             return tables
 
-        # Achieved against predicted on the swarm's documents, the ones the fit's target was scored on.
-        finals = [mean_document_losses(replicas(n, swarm_only=True)) for n in (CONFIGURED, PROPOSAL)]
-        points, own, _ = average_bits_per_byte(finals)
-        # The gain on the whole neutral set, replicas paired by seed.
-        configured_runs, proposal_runs = replicas(CONFIGURED), replicas(PROPOSAL)
-        gain = gain_of_replicas(configured_runs, proposal_runs)
-        whole = average_bits_per_byte([mean_document_losses(r) for r in (configured_runs, proposal_runs)])[0]
-        # One proxy's training noise: the spread of each mixture's replicas about their mean, pooled.
-        spreads = [np.var(average_bits_per_byte(r)[0], ddof=1) for r in (configured_runs, proposal_runs)]
-        seed_sd = float(np.sqrt(np.mean(spreads))) if search.final_seeds > 1 else None
-    achieved, achieved_ci = points[1], own[1]
-    low, high = proposal.predicted_interval
-    print(
-        f"proposal: predicted {proposal.predicted:.4f} ({low:.4f}-{high:.4f}), achieved {achieved:.4f} "
-        f"on the swarm's documents; on all {configured_runs[0].num_rows} neutral documents: configured "
-        f"{whole[0]:.4f}, proposal {whole[1]:.4f}, gain {gain.gain:+.4f} "
-        f"({gain.ci[0]:+.4f} to {gain.ci[1]:+.4f}; "
-        f"documents' noise alone {gain.documents_ci[0]:+.4f} to {gain.documents_ci[1]:+.4f}; per seed "
-        + ", ".join(f"{g:+.4f}" for g in gain.per_seed)
-        + ")"
-    )
-    swarm = [profiles[n] for n in names]
+        configured_runs = replicas(CONFIGURED)
+        configured_swarm = mean_document_losses(replicas(CONFIGURED, swarm_only=True))
+        spreads = (
+            [np.var(average_bits_per_byte(configured_runs)[0], ddof=1)] if search.final_seeds > 1 else []
+        )
+        for searched in searches:
+            name = f"s{searched['seed']}/{PROPOSAL}"
+            # Achieved against predicted on the swarm's documents, the ones the fit's target was scored on.
+            finals = [configured_swarm, mean_document_losses(replicas(name, swarm_only=True))]
+            points, own, _ = average_bits_per_byte(finals)
+            # The gain on the whole neutral set, replicas paired by training seed.
+            proposal_runs = replicas(name)
+            gain = gain_of_replicas(configured_runs, proposal_runs)
+            whole = average_bits_per_byte(
+                [mean_document_losses(r) for r in (configured_runs, proposal_runs)]
+            )[0]
+            if search.final_seeds > 1:
+                spreads.append(np.var(average_bits_per_byte(proposal_runs)[0], ddof=1))
+            names = searched["names"]
+            jobs = [profiles[n] for n in [*names, *(replica_name(name, r) for r in replica_seeds)]]
+            searched |= {
+                "configured": points[0],
+                "configured_all": whole[0],
+                "proposal_all": whole[1],
+                "achieved": points[1],
+                "achieved_ci": own[1],
+                "gain": gain,
+                "swarm_s": max(profiles[n]["ended"] for n in names)
+                - min(profiles[n]["began"] for n in names),
+                "wall_s": max(j["ended"] for j in jobs) - min(j["began"] for j in jobs),
+            }
+            proposal = searched["proposal"]
+            low, high = proposal.predicted_interval
+            print(
+                f"search seed {searched['seed']}: spearman_loo {searched['fit'].spearman_loo:.3f}, proposal "
+                f"predicted {proposal.predicted:.4f} ({low:.4f}-{high:.4f}), achieved {points[1]:.4f} on the "
+                f"swarm's documents; on all {configured_runs[0].num_rows} neutral documents: configured "
+                f"{whole[0]:.4f}, proposal {whole[1]:.4f}, gain {gain.gain:+.4f} "
+                f"({gain.ci[0]:+.4f} to {gain.ci[1]:+.4f}; "
+                f"documents' noise alone {gain.documents_ci[0]:+.4f} to {gain.documents_ci[1]:+.4f}; per "
+                "replica " + ", ".join(f"{g:+.4f}" for g in gain.per_seed) + ")"
+            )
+        # One proxy's training noise: the spread of each deciding mixture's replicas about their mean, pooled.
+        seed_sd = float(np.sqrt(np.mean(spreads))) if spreads else None
+    configured_jobs = [profiles[replica_name(CONFIGURED, r)] for r in replica_seeds]
+    swarm = [profiles[n] for searched in searches for n in searched["names"]]
+    rho = np.array([searched["fit"].spearman_loo for searched in searches])
+    proposals = [{s: round(v, 3) for s, v in searched["proposal"].shares.items()} for searched in searches]
+    wall_s = time.perf_counter() - started
+
+    def each(get) -> list:
+        return [get(searched) for searched in searches]
+
     result = {
         "bench": "mixture_search",
-        "candidates": len(names),
+        "seeds": args.seeds,
+        "candidates": search.candidates,
         "steps": search.steps,
         "concentration": search.concentration,
+        "design": search.design,
         "preset": preset,
         "params": int(swarm[0]["params"]),
         "final_seeds": search.final_seeds,
-        "spearman_loo": round(fit.spearman_loo, 3),
-        "model": fit.model_name,
-        "loo_rmse": {m: round(e, 4) for m, e in fit.loo_rmse.items()},
-        "spread": round(float(np.std(losses[AVERAGE], ddof=1)), 4),
-        "proposal": {s: round(v, 3) for s, v in proposal.shares.items()},
-        "predicted": round(proposal.predicted, 4),
-        "predicted_interval": [round(low, 4), round(high, 4)],
-        "achieved": round(achieved, 4),
-        "validation_error": round(achieved - proposal.predicted, 4),
-        "validation_error_ci": [round(achieved - high, 4), round(achieved - low, 4)],
-        "achieved_ci": [round(v, 4) for v in achieved_ci],
-        "inside_predicted_interval": low <= achieved <= high,
-        "configured": round(points[0], 4),
+        # Every search seed's figure, then the median, the worst and the spread between the seeds.
+        "spearman_loo": _round(rho, 3),
+        "spearman_loo_median": round(float(np.median(rho)), 3),
+        "spearman_loo_min": round(float(rho.min()), 3),
+        "spearman_loo_max": round(float(rho.max()), 3),
+        "spearman_loo_iqr": _round(np.percentile(rho, [25, 75]), 3),
+        "model": each(lambda x: x["fit"].model_name),
+        "loo_rmse": each(lambda x: {m: round(e, 4) for m, e in x["fit"].loo_rmse.items()}),
+        "spread": each(lambda x: round(float(np.std(x["losses"][AVERAGE], ddof=1)), 4)),
+        "proposals": proposals,
+        "proposal_spread": round(proposal_spread(proposals), 3),
+        "predicted": each(lambda x: round(x["proposal"].predicted, 4)),
+        "predicted_interval": each(lambda x: _round(x["proposal"].predicted_interval)),
+        "achieved": each(lambda x: round(x["achieved"], 4)),
+        "validation_error": each(lambda x: round(x["achieved"] - x["proposal"].predicted, 4)),
+        "validation_error_ci": each(
+            lambda x: _round([x["achieved"] - v for v in reversed(x["proposal"].predicted_interval)])
+        ),
+        "achieved_ci": each(lambda x: _round(x["achieved_ci"])),
+        "inside_predicted_interval": each(
+            lambda x: (
+                x["proposal"].predicted_interval[0] <= x["achieved"] <= x["proposal"].predicted_interval[1]
+            )
+        ),
+        "configured": round(searches[0]["configured"], 4),
         "neutral_documents": configured_runs[0].num_rows,
         "swarm_documents": len(swarm_ids),
-        "configured_all": round(whole[0], 4),
-        "proposal_all": round(whole[1], 4),
-        "gain_vs_configured": round(gain.gain, 4),
-        "gain_vs_configured_ci": [round(v, 4) for v in gain.ci],
-        "gain_vs_configured_ci_documents": [round(v, 4) for v in gain.documents_ci],
-        "gain_per_seed": [round(v, 4) for v in gain.per_seed],
-        "gain_seed_share": round(gain.seed_share, 3),
-        "gain_resolved": gain.resolved,
+        "configured_all": round(searches[0]["configured_all"], 4),
+        "proposal_all": each(lambda x: round(x["proposal_all"], 4)),
+        "gain_vs_configured": each(lambda x: round(x["gain"].gain, 4)),
+        "gain_vs_configured_ci": each(lambda x: _round(x["gain"].ci)),
+        "gain_vs_configured_ci_documents": each(lambda x: _round(x["gain"].documents_ci)),
+        "gain_per_seed": each(lambda x: _round(x["gain"].per_seed)),
+        "gain_seed_share": each(lambda x: round(x["gain"].seed_share, 3)),
+        "gain_resolved": each(lambda x: x["gain"].resolved),
         "seed_sd": None if seed_sd is None else round(seed_sd, 4),
         "profile": {
             key: round(float(np.mean([p[key] for p in swarm])), 2)
             for key in ("train_s", "eval_s", "steps_per_s")
         },
         "build_s": round(build_s, 1),
-        "swarm_s": round(swarm_s, 1),
-        "wall_s": round(time.perf_counter() - started, 1),
+        "swarm_s": each(lambda x: round(x["swarm_s"], 1)),
+        # Each search's span from its first proxy's start to its last deciding replica's end (the next
+        # search's swarm overlaps the end of it); the configured replicas, shared by every search, apart.
+        "seed_wall_s": each(lambda x: round(x["wall_s"], 1)),
+        "configured_s": round(
+            max(j["ended"] for j in configured_jobs) - min(j["began"] for j in configured_jobs), 1
+        ),
+        "wall_s": round(wall_s, 1),
+        "wall_s_per_seed": round(wall_s / args.seeds, 1),
     }
     print(json.dumps(result))
 

@@ -14,6 +14,7 @@ from moe_dag.mixture.search import (
     MixingLaw,
     MixtureSearchConfig,
     config_snippet,
+    design_candidates,
     epoch_cap_ok,
     fit_regressions,
     loo_models,
@@ -43,6 +44,39 @@ def test_candidates_stay_within_every_source_epoch_cap() -> None:
     assert (shares[:, 1] * 200_000 <= 30_000).all()
     with pytest.raises(ValueError, match="fit the epoch caps"):
         sample_candidates(WEIGHTS, {"code": 10, "intl": 10, "prose": 10}, 200_000, 1.0, config)
+
+
+def test_a_latin_hypercube_design_covers_the_dirichlet_in_strata_and_keeps_the_caps() -> None:
+    from scipy.stats import beta
+
+    capacity = {"code": 100_000, "intl": 30_000, "prose": 200_000}
+    config = MixtureSearchConfig(candidates=12, concentration=5.0, design="latin_hypercube")
+    shares = sample_candidates(WEIGHTS, capacity, 200_000, 1.0, config)
+    assert shares.shape == (12, 3) and np.allclose(shares.sum(axis=1), 1)
+    assert epoch_cap_ok(shares, np.array([100_000, 30_000, 200_000.0]), 200_000, 1.0).all()
+    again = sample_candidates(WEIGHTS, capacity, 200_000, 1.0, config)
+    other = sample_candidates(
+        WEIGHTS, capacity, 200_000, 1.0, MixtureSearchConfig(**{**vars(config), "seed": 1})
+    )
+    assert np.array_equal(shares, again) and not np.allclose(shares, other)
+    # Without caps: the same distribution as the Dirichlet's (a share's marginal is Beta(alpha_s,
+    # alpha_0 - alpha_s)), and closer to it than independent draws are on average.
+    alpha = 3.0 * np.array([WEIGHTS[s] for s in SOURCES])
+    rng = np.random.default_rng(0)
+
+    def distance(drawn: np.ndarray) -> float:
+        """The largest gap between a share's empirical and its Beta marginal CDF (Kolmogorov-Smirnov)."""
+        gaps = []
+        for j in range(3):
+            x = np.sort(drawn[:, j])
+            cdf = beta.cdf(x, alpha[j], alpha.sum() - alpha[j])
+            n = len(x)
+            gaps.append(max(np.max(np.arange(1, n + 1) / n - cdf), np.max(cdf - np.arange(n) / n)))
+        return max(gaps)
+
+    designed = [distance(design_candidates(WEIGHTS, 3.0, 32, rng)) for _ in range(20)]
+    independent = [distance(rng.dirichlet(alpha, size=32)) for _ in range(20)]
+    assert np.mean(designed) < 0.75 * np.mean(independent)
 
 
 def _documents_read(folder, shards: dict[str, SourceTokens], eos: int) -> dict[str, list[int]]:
