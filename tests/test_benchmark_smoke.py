@@ -20,7 +20,16 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "benchmarks" / "README.md"
 # Minutes each on 2 quiet cores, against seconds for the rest: Ray or torchrun start-ups, whole-graph runs.
-SLOW = {"data_plane", "scale", "incremental", "mixture_search", "expert_parallel", "language_id", "toxicity"}
+SLOW = {
+    "data_plane",
+    "scale",
+    "incremental",
+    "mixture_search",
+    "curation_gain",
+    "expert_parallel",
+    "language_id",
+    "toxicity",
+}
 
 
 def readme_rows() -> dict[str, str]:

@@ -36,7 +36,7 @@ from moe_dag.mixture.heldout import heldout_count, heldout_cut, split_at_cut
 from moe_dag.mixture.neutral import EXCLUSION_SCHEMA, EXCLUSIONS_STAGE, without_excluded
 from moe_dag.mixture.token_shards import token_dtype, write_token_shard
 from moe_dag.mixture.tokenizer import TokenizerConfig, save_tokenizer, train_tokenizer
-from moe_dag.mixture.unfiltered import build_unfiltered_mixture, unfiltered_documents
+from moe_dag.mixture.unfiltered import build_unfiltered_mixture, removal_reasons, unfiltered_documents
 from moe_dag.operations.bounds import untrained_sources
 from moe_dag.storage.lake import Lake
 
@@ -511,6 +511,16 @@ def test_the_mixture_uses_the_cuts_the_tokenizer_was_trained_around(scored_lake)
     assert read_heldout_cuts(lake, ["cc", "code"]) == trained.cuts
     with pytest.raises(ValueError, match=r"predates sources \['math'\]"):
         read_heldout_cuts(lake, ["cc", "math"])
+
+
+def test_an_ablation_leaves_out_the_ids_it_drops_and_still_says_which_are_evaluation_copies():
+    """benchmarks/curation_gain.py --ablate packs the unfiltered path less what the other curation stages
+    dropped: those ids go (reason `dropped`), and an evaluation copy keeps its own reason."""
+    table = pa.table({"id": ["held", "near", "gone", "kept"], "text": ["a", "b", "c", "d"]})
+    reasons = removal_reasons(
+        table, frozenset({"held"}), frozenset(), frozenset({"near"}), frozenset({"held", "near", "gone"})
+    )
+    assert reasons == ["heldout", "near_copy", "dropped", None]
 
 
 def test_the_unfiltered_mixture_is_built_per_shard_without_raw_text_in_this_process(

@@ -18,6 +18,10 @@ the curated held-out file, the exclusions, the clusters and the hashes are read 
 token shards' document lengths (read by tasks); it draws the plan as the curated mixture does, to the
 curated mixture's token budget, and tasks pack the rows from it.
 `unfiltered_documents` is the same rule on tables in memory: the reference the tests compare with.
+
+`dropped` ids are left out too (reason `dropped`): a curation ablation (benchmarks/curation_gain.py)
+packs the raw documents minus what every curation stage but one dropped, through this same path, so it
+differs from the unfiltered baseline only in those documents.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ UNFILTERED_STAGE = "unfiltered_mixture"
 TEXTS_STAGE = "unfiltered_mixture/heldout_texts"
 TOKENS_STAGE = "unfiltered_mixture/shards"
 REASONS = ("heldout", "exact_copy", "near_copy")
+DROPPED = "dropped"  # left out because the caller says so (an ablation's curation), after REASONS
 TEXT_HASH_SCHEMA = pa.schema([("id", pa.string()), ("text_hash", pa.binary(16))])
 
 
@@ -85,16 +90,22 @@ def near_copy_ids(cluster_batches: Callable[[], Iterator[pa.Table]], heldout: pa
 
 
 def removal_reasons(
-    table: pa.Table, heldout_ids: frozenset[str], heldout_texts: frozenset[bytes], near_copies: frozenset[str]
+    table: pa.Table,
+    heldout_ids: frozenset[str],
+    heldout_texts: frozenset[bytes],
+    near_copies: frozenset[str],
+    dropped: frozenset[str] = frozenset(),
 ) -> list[str | None]:
-    """Why each row of `table` (`id`, `text`) is left out (one of REASONS), or None to keep it."""
+    """Why each row of `table` (`id`, `text`) is left out (one of REASONS, or DROPPED), or None to keep it."""
 
     def reason(doc_id: str, text: str) -> str | None:
         if doc_id in heldout_ids:
             return "heldout"
         if _text_hash(text) in heldout_texts:
             return "exact_copy"
-        return "near_copy" if doc_id in near_copies else None
+        if doc_id in near_copies:
+            return "near_copy"
+        return DROPPED if doc_id in dropped else None
 
     return [
         reason(doc_id, text)
@@ -149,10 +160,11 @@ class UnfilteredTokenizeWork(ShardWork):
         heldout_ids: frozenset[str],
         heldout_texts: frozenset[bytes],
         near_copies: frozenset[str],
+        dropped: frozenset[str] = frozenset(),
     ) -> None:
         self.tokenizer = load_tokenizer(Path(tokenizer_path))
         self.eos = eos_id(self.tokenizer, eos_token)
-        self.rules = (heldout_ids, heldout_texts, near_copies)
+        self.rules = (heldout_ids, heldout_texts, near_copies, dropped)
 
     def process(self, shard: ShardInput, out: ShardOutput) -> dict[str, Any]:
         writer = TokenShardWriter(
@@ -161,13 +173,13 @@ class UnfilteredTokenizeWork(ShardWork):
             out.local_path(TOKENS_STAGE, ".bin"),
             out.local_path(TOKENS_STAGE, ".index.parquet"),
         )
-        removed = dict.fromkeys(REASONS, 0)
+        removed = dict.fromkeys(REASONS, 0)  # DROPPED only where an ablation drops any
         documents = 0
         with writer:
             for batch in read_batches(shard.path, out.lake.fs, columns=["id", "text"]):
                 reasons = removal_reasons(batch, *self.rules)
                 for reason in filter(None, reasons):
-                    removed[reason] += 1
+                    removed[reason] = removed.get(reason, 0) + 1
                 writer.write(batch.filter(pa.array([r is None for r in reasons], pa.bool_())))
                 documents += batch.num_rows
         return {"documents": documents, "tokens": writer.tokens, "removed": removed}
@@ -182,10 +194,15 @@ class UnfilteredMixture:
 
 
 def build_unfiltered_mixture(
-    lake: Lake, sources: list[str], config: MixtureConfig, run: StageRunner
+    lake: Lake,
+    sources: list[str],
+    config: MixtureConfig,
+    run: StageRunner,
+    dropped: frozenset[str] = frozenset(),
 ) -> UnfilteredMixture:
-    """Every ingested document, the curated held-out set, the neutral set and their copies left out,
-    packed with the curated mixture's recipe and token budget into the lake's `unfiltered_mixture` folder."""
+    """Every ingested document, the curated held-out set, the neutral set and their copies left out (and
+    the `dropped` ids), packed with the curated mixture's recipe and token budget into the lake's
+    `unfiltered_mixture` folder."""
     curated_dir = lake.artifact_dir(MIXTURE_STAGE)
     curated = json.loads((curated_dir / REPORT_FILE).read_text())
     # Ids of the evaluation sets (the curated held-out set, the neutral set and its copies) and their
@@ -207,7 +224,7 @@ def build_unfiltered_mixture(
     heldout_texts = frozenset().union(*map_tasks(functools.partial(_text_hashes, lake.url), sorted(sources)))
 
     tokenizer = load_tokenizer(lake.artifact_dir(TOKENIZER_STAGE) / TOKENIZER_FILE)
-    rules = (heldout_ids, heldout_texts, near)
+    rules = (heldout_ids, heldout_texts, near, dropped)
     tokens_spec = StageSpec(
         outputs=(TOKENS_STAGE,),
         make_work=functools.partial(
@@ -235,7 +252,7 @@ def build_unfiltered_mixture(
     eos = eos_id(tokenizer, config.eos_token)
     with lake.writing_artifact(UNFILTERED_STAGE) as out_dir:
         report = pack_mixture(shards, HELDOUT_SCHEMA.empty_table(), vocab_size, eos, recipe, out_dir)
-    removed = {reason: 0 for reason in REASONS} | merge_counts(counts).get("removed", {})
+    removed = dict.fromkeys(REASONS, 0) | merge_counts(counts).get("removed", {})
     return UnfilteredMixture(report, out_dir, sum(len(tokens) for tokens in shards.values()), removed)
 
 
