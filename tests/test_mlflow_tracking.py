@@ -1,13 +1,11 @@
 """Tracking over HTTP: a real MLflow tracking server (its own environment, `make setup` builds
-.venv-mlflow) on a free local port, the trainer logging to it with `train.tracking=mlflow`, and MLflow's
-client reading back what the run holds: the graph context a training asset hands the trainer (Dagster
-run id, code and input data versions, config digest), the trainer's config as params, the loss per step.
-The asset's side (what it writes into the graph context) is tested with wandb offline in
-tests/test_tracked_pretrained_run.py; both backends take the same context."""
+.venv-mlflow) on a free local port, and two Dagster runs of a training asset that launches the trainer
+as `moe_proxy` does (`launch_training`: the graph context file, Dagster Pipes, `train.tracking=mlflow`).
+MLflow's client then reads back what the run holds: the Dagster run id, the asset's code version and
+its input's data version, the config digest, the trainer's config as params, the loss per step. The
+whole graph's `moe_proxy` is tested the same way with wandb offline in tests/test_tracked_pretrained_run.py.
+"""
 
-from __future__ import annotations
-
-import dataclasses
 import json
 import sys
 import time
@@ -15,12 +13,14 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import dagster as dg
 import pytest
 from mlflow.tracking import MlflowClient
 
-from moe_dag.training.config import apply_overrides
+from moe_dag.assets.training_runs import launch_training
+from moe_dag.config import TrainingLaunchConfig
+from moe_dag.training.config import apply_overrides, tiny
 from moe_dag.training.tracking import TRACKING_FILE, start_tracking
-from moe_dag.training.trainer import train
 from tests.local_processes import free_port, start_group, stop_group
 from tests.test_trainer import fast_config, repeating_data  # noqa: F401 (a fixture)
 
@@ -48,7 +48,7 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             time.sleep(0.5)
         yield uri
     finally:
-        stop_group(server)
+        stop_group(server, timeout=10)  # its graceful stop took 26 s on a busy machine
 
 
 def _healthy(uri: str) -> bool:
@@ -59,16 +59,27 @@ def _healthy(uri: str) -> bool:
         return False
 
 
-def graph_context(dagster_run_id: str) -> dict[str, object]:
-    """What the `moe_proxy` asset writes as graph_context.json (moe_dag/assets/training_runs.py)."""
-    return {
-        "dagster_run_id": dagster_run_id,
-        "asset": "moe_proxy",
-        "partition": None,
-        "code_version": "moe_proxy-code-1",
-        "input_data_versions": {"tokenized_mixture": "mixture-data-7"},
-        "config_digest": "config-digest-3",
-    }
+MIXTURE_VERSION = "mixture-data-7"
+CONFIG_DIGEST = "config-digest-3"
+
+
+def training_assets(data_dir: Path, out_dir: Path, uri: str, steps: int) -> list[dg.AssetsDefinition]:
+    """An input standing for `tokenized_mixture` (the mixture in `data_dir`, at a known data version) and
+    a training asset that launches the trainer on it in `out_dir` as `moe_proxy` does."""
+
+    @dg.asset(name="tokenized_mixture", code_version="mixture-code-1")
+    def mixture() -> dg.MaterializeResult:
+        return dg.MaterializeResult(data_version=dg.DataVersion(MIXTURE_VERSION))
+
+    @dg.asset(name="moe_proxy", deps=[mixture], code_version=f"proxy-code-{steps}")
+    def proxy(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+        overrides = {"train.tracking": "mlflow", "train.tracking_uri": uri, "train.num_threads": 1}
+        launch = TrainingLaunchConfig(preset="tiny", steps=steps, overrides=overrides)
+        out_dir.mkdir(exist_ok=True)
+        metadata = launch_training(context, launch, data_dir, out_dir, config_digest=CONFIG_DIGEST)
+        return dg.MaterializeResult(metadata=metadata)
+
+    return [mixture, proxy]
 
 
 @pytest.mark.slow
@@ -77,37 +88,43 @@ def test_the_mlflow_run_holds_the_dagster_run_and_the_data_versions(
     repeating_data: Path,  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    config = apply_overrides(fast_config(3), ["train.tracking=mlflow", f"train.tracking_uri={mlflow_server}"])
-    out = tmp_path / "run"
+    instance, out = dg.DagsterInstance.ephemeral(), tmp_path / "run"
     # A first Dagster run trains 3 steps; a second one continues the same folder to 4: the same MLflow run.
-    for steps, dagster_run in ((3, "dagster-run-a"), (4, "dagster-run-b")):
-        longer = dataclasses.replace(config.train, steps=steps)
-        train(
-            dataclasses.replace(config, train=longer), repeating_data, out, graph=graph_context(dagster_run)
-        )
-
-    record = json.loads((out / TRACKING_FILE).read_text())
-    latest = graph_context("dagster-run-b")
+    first = dg.materialize(training_assets(repeating_data, out, mlflow_server, 3), instance=instance)
+    second = dg.materialize(
+        training_assets(repeating_data, out, mlflow_server, 4), selection=["moe_proxy"], instance=instance
+    )
+    assert first.success and second.success
+    (materialization,) = second.asset_materializations_for_node("moe_proxy")
+    record = materialization.metadata["tracking"].value
+    latest = {
+        "dagster_run_id": second.run_id,
+        "asset": "moe_proxy",
+        "partition": None,
+        "code_version": "proxy-code-4",
+        "input_data_versions": {"tokenized_mixture": MIXTURE_VERSION},
+        "config_digest": CONFIG_DIGEST,
+    }
+    assert record == json.loads((out / TRACKING_FILE).read_text())
     assert record["backend"] == "mlflow" and record["tracking_uri"] == mlflow_server
     assert record["graph"] == latest and record["run_id"] == (out / "mlflow_run_id").read_text()
 
     client = MlflowClient(tracking_uri=mlflow_server)
     run = client.get_run(record["run_id"])
     assert run.info.status == "FINISHED" and run.info.experiment_id == record["experiment_id"]
-    assert client.get_experiment(run.info.experiment_id).name == config.train.wandb_project
     tags = run.data.tags
     assert {key: tags[key] for key in ("dagster_run_id", "asset", "code_version", "config_digest")} == {
-        "dagster_run_id": "dagster-run-b",
+        "dagster_run_id": second.run_id,  # the latest Dagster run that trained it
         "asset": "moe_proxy",
-        "code_version": "moe_proxy-code-1",
-        "config_digest": "config-digest-3",
+        "code_version": "proxy-code-4",
+        "config_digest": CONFIG_DIGEST,
     }
     assert "partition" not in tags  # unpartitioned: no tag, as wandb has none
-    assert tags["data_version/tokenized_mixture"] == "mixture-data-7"
+    assert tags["data_version/tokenized_mixture"] == MIXTURE_VERSION
     assert json.loads(tags["graph"]) == latest and tags["run_dir"] == str(out)
     params = run.data.params
     assert params["train.steps"] == "3"  # a param never changes: those of the run's first start
-    assert params["train.tracking"] == "mlflow" and params["model.d_model"] == str(config.model.d_model)
+    assert params["train.tracking"] == "mlflow" and params["model.d_model"] == str(tiny().model.d_model)
     losses = client.get_metric_history(run.info.run_id, "loss")
     assert sorted(metric.step for metric in losses) == [1, 2, 3, 4]
     assert all(metric.value > 0 for metric in losses)

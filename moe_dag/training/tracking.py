@@ -174,7 +174,7 @@ def _start_mlflow(config: Config, out_dir: Path, graph: dict[str, Any]) -> tuple
         id_file.write_text(run_id)
         params = [Param(key, str(value)) for key, value in _dotted(config.to_dict()).items()]
     tags = {key: str(graph[key]) for key in TAGGED if graph.get(key) is not None}
-    tags |= {f"data_version/{asset}": v for asset, v in graph.get("input_data_versions", {}).items()}
+    tags |= {f"data_version/{asset}": str(v) for asset, v in graph.get("input_data_versions", {}).items()}
     tags |= {"graph": json.dumps(graph, sort_keys=True), "run_dir": str(out_dir)}
     run_tags = [RunTag(key, value) for key, value in tags.items()]
     batch = 100  # MLflow's limit on params and tags in one request
