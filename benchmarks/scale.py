@@ -578,7 +578,7 @@ def main() -> None:
     parser.add_argument("--part-rows", type=int, default=2000)
     parser.add_argument("--speedup", action="store_true")
     parser.add_argument("--config", default=str(ROOT / "configs" / "demo.yaml"))
-    args = parse_with_smoke(parser, {"docs_per_source": 60, "scales": "1,2", "apply_clusters": "10000"})
+    args = parse_with_smoke(parser, {"docs_per_source": 60, "scales": "1", "apply_clusters": "10000"})
     scales = [int(s) for s in args.scales.split(",")]
     config = str(Path(args.config).resolve())
 
