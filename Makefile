@@ -125,9 +125,10 @@ demo: runtime
 
 # Two pytest workers: on its own the suite keeps ~0.55 of a core busy (most tests wait on processes,
 # Ray and torchrun starting), and the slow tests start first (tests/conftest.py), so the longest one
-# does not start last. TEST_WORKERS=0 runs in one process.
+# does not start last. TEST_WORKERS=0 runs in one process. The 25 longest tests close the report, so a
+# CI log says where the suite's time went.
 TEST_WORKERS ?= 2
-PYTEST = $(BIN)/python -m pytest -q $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist worksteal)
+PYTEST = $(BIN)/python -m pytest -q --durations=25 $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist worksteal)
 
 test: setup system-packages
 	$(PYTEST)
