@@ -34,6 +34,7 @@ from moe_dag.operations.bounds import ChecksConfig, ReasonSetting, reason_settin
 from moe_dag.operations.refresh import RefreshConfig
 from moe_dag.quality.heads import BackboneConfig, CalibrationConfig, HeadTrainConfig
 from moe_dag.quality.oracle import LabellingConfig, OpenAICompatibleConfig, VLLMEngineConfig
+from moe_dag.storage.object_store import configure_object_stores
 from moe_dag.storage.schema import SOURCE_KINDS, SourceKind
 from moe_dag.training.config import MAX_STEPS, Config, override_settings, preset
 from moe_dag.training.strict_config import (
@@ -57,6 +58,12 @@ SOURCE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 MAX_PROCESSES_PER_NODE = 128
 MAX_NODES = 4096
 MAX_LABELS_PER_SOURCE = 1_000_000
+# Object-store calls (docs/production.md, "Object-store lakes"): a connection takes well under a second
+# and S3 replies to a request in well under one; 10 minutes and an hour are for stores on the far side
+# of a slow link, and 20 tries ride out minutes of throttling (botocore waits up to 20 s between tries).
+MAX_CONNECT_TIMEOUT_S = 600
+MAX_READ_TIMEOUT_S = 3600
+MAX_STORE_ATTEMPTS = 20
 
 
 @dataclass(kw_only=True)
@@ -95,6 +102,20 @@ class SourceConfig:
             )
         if not 0 < self.keep_rate <= 1:
             raise ConfigError(f"must be in (0, 1], got {self.keep_rate}", "keep_rate")
+
+
+@dataclass(kw_only=True)
+class ObjectStoreConfig:
+    """How long a call to an object store (`s3://` shards or lake) may wait before it fails with a
+    message naming the endpoint (moe_dag/storage/object_store.py). A store that stops replying fails a
+    call after about 5 x attempts x read_timeout_s: s3fs tries a timed-out call 5 times itself."""
+
+    connect_timeout_s: Annotated[float, Range(0.1, MAX_CONNECT_TIMEOUT_S)] = 5.0  # s3fs's default
+    read_timeout_s: Annotated[float, Range(0.1, MAX_READ_TIMEOUT_S)] = 10.0  # each reply
+    attempts: Annotated[int, Range(1, MAX_STORE_ATTEMPTS)] = 2  # botocore's tries of one request
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
 
 
 @dataclass(kw_only=True)
@@ -182,6 +203,7 @@ class PipelineConfig:
     refresh: RefreshConfig = field(default_factory=RefreshConfig)
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)  # neutral and user sets
     mixture_search: MixtureSearchConfig = field(default_factory=MixtureSearchConfig)  # search-mixture
+    object_store: ObjectStoreConfig = field(default_factory=ObjectStoreConfig)  # timeouts of s3:// calls
 
     def __post_init__(self) -> None:
         check_ranges(self)
@@ -252,6 +274,9 @@ def load_config(path: str | Path) -> PipelineConfig:
     raw["mixture"] = mixture
     config = build(PipelineConfig, raw, origin)
     _check_across_fields(config, origin)
+    # Process-wide, as fsspec's settings are: every object-store call of this process, and of the Ray
+    # workers and trainers it starts, waits no longer than the config says.
+    configure_object_stores(**dataclasses.asdict(config.object_store))
     return config
 
 

@@ -1,6 +1,14 @@
 """Test-wide settings and shared fixtures."""
 
-from collections.abc import Callable
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -40,3 +48,50 @@ def make_config(tmp_path: Path) -> Callable[..., Path]:
         return demo_config(tmp_path, changes, name)
 
     return make
+
+
+@dataclass(frozen=True)
+class S3Server:
+    """moto's S3 server in a process of its own, so a test can stall it (SIGSTOP) or switch its
+    checking of credentials on (`require_credentials`)."""
+
+    endpoint: str
+    process: subprocess.Popen
+
+    def require_credentials(self, required: bool) -> None:
+        """With `required`, every request must be signed by a key moto's IAM knows (none is: every
+        request is refused as an unknown key would be); else any key is accepted."""
+        request = urllib.request.Request(
+            f"{self.endpoint}/moto-api/reset-auth",
+            data=b"0" if required else b"inf",  # requests served before checking starts
+            headers={"Content-Type": "text/plain"},
+            method="POST",
+        )
+        urllib.request.urlopen(request, timeout=30).close()
+
+
+@pytest.fixture(scope="module")
+def s3_server() -> Iterator[S3Server]:
+    """A real S3 server (moto's) on a free port of this machine, one per test module."""
+    pytest.importorskip("moto.server")
+    pytest.importorskip("s3fs")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = S3Server(f"http://127.0.0.1:{port}", process)
+    deadline = time.monotonic() + 120  # a loaded machine starts it in seconds
+    while True:
+        try:
+            urllib.request.urlopen(f"{server.endpoint}/moto-api/", timeout=5).close()
+            break
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                raise RuntimeError(f"moto's S3 server did not start ({' '.join(command)})") from None
+            time.sleep(0.2)
+    yield server
+    os.kill(process.pid, signal.SIGCONT)  # a test that stalled it and failed must not leave it stopped
+    process.kill()
+    process.wait()

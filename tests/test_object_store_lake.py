@@ -1,11 +1,10 @@
 """A lake on object storage: `lake_root` as `s3://bucket/lake` against a real S3 server (moto's, started
-here on a free port), through s3fs. Artefacts are written to the local mirror, published to the bucket,
-and read back through a second machine's empty cache."""
+by tests/conftest.py on a free port), through s3fs. Artefacts are written to the local mirror,
+published to the bucket, and read back through a second machine's empty cache."""
 
 from __future__ import annotations
 
 import functools
-import socket
 
 import numpy as np
 import pyarrow as pa
@@ -13,7 +12,6 @@ import pytest
 import torch
 
 s3fs = pytest.importorskip("s3fs")
-moto_server = pytest.importorskip("moto.server")
 
 from moe_dag.mixture.token_shards import TokenShard, write_token_shard  # noqa: E402
 from moe_dag.mixture.tokenizer import (  # noqa: E402
@@ -39,22 +37,11 @@ BUCKET = "bucket"
 TEXTS = [f"document {i} about rivers, bridges and the number {i * 7}" for i in range(40)]
 
 
-@pytest.fixture(scope="module")
-def s3_endpoint():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
-
-
 @pytest.fixture
-def s3_lake_url(s3_endpoint, monkeypatch, tmp_path):
+def s3_lake_url(s3_server, monkeypatch, tmp_path):
     """`s3://bucket/lake` on the test's server, configured as an operator would: AWS environment
     variables, which botocore (under s3fs) reads, and so do Ray workers and torchrun ranks."""
-    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")

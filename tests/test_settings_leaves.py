@@ -49,6 +49,7 @@ READ_BY_NONE = {
     "ray": "where the data stages run: the same outputs on any cluster",
     "refresh": "when `moe-dag run` lets on-demand assets follow new data, not what they compute",
     "comparisons": "which assets `moe-dag run` materialises",
+    "object_store": "how long a call to an object store may wait: the same outputs, or a failure",
 }
 # Leaves derived at load from others: changed through those.
 DERIVED = {

@@ -31,6 +31,7 @@ from moe_dag.engine.blocks import MIN_BLOCK_BYTES
 from moe_dag.engine.shards import digest_text, file_sizes
 from moe_dag.engine.tasks import map_tasks
 from moe_dag.storage.lake import Lake
+from moe_dag.storage.object_store import ObjectStoreError
 from moe_dag.storage.readers import MAX_RAW_CHARS, list_shards
 from moe_dag.storage.schema import QUARANTINE_SCHEMA
 
@@ -62,7 +63,10 @@ def ingest_source(
     """Bring `raw_documents` and `quarantine` of `source` up to date with the shards under `location`.
     With fewer shards to read than workers, a shard splits into blocks of at least `min_block_bytes`
     bytes (JSON lines) or `min_block_rows` rows (parquet), as `run_stage` splits; None: never."""
-    inputs = raw_shard_inputs(list_shards(location), location)
+    try:
+        inputs = raw_shard_inputs(list_shards(location), location)
+    except ObjectStoreError as error:  # one error for the source, before any shard is begun
+        raise ObjectStoreError(f"source {source!r}: {error}") from None
     _reread_after_changes(lake, source, inputs)
     run = run_stage(
         INGEST,

@@ -64,7 +64,11 @@ def connect(config: RayConfig) -> str:
 
     if not ray.is_initialized():
         address = config.resolved_address()
-        runtime_env = {"env_vars": WORKER_ENV}
+        # fsspec's settings by environment (`FSSPEC_*`, among them the object-store timeouts a pipeline
+        # config sets: storage/object_store.py) go with the workers, so a cluster's nodes reach the
+        # stores as this process does.
+        fsspec_env = {name: value for name, value in os.environ.items() if name.startswith("FSSPEC_")}
+        runtime_env = {"env_vars": {**WORKER_ENV, **fsspec_env}}
         if address:
             ray.init(address=address, runtime_env=runtime_env)
         else:

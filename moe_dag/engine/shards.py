@@ -23,6 +23,7 @@ from typing import Any
 import fsspec
 
 from moe_dag.storage.lake import Lake
+from moe_dag.storage.object_store import object_store_errors
 from moe_dag.storage.readers import SHARD_SUFFIXES
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
@@ -68,7 +69,8 @@ def raw_shard_inputs(paths: list[str], location: str) -> list[ShardInput]:
                 f"shards {seen[key]!r} and {path!r} both map to the shard key {key!r}; rename one"
             )
         seen[key] = path
-        info = fs.info(fsspec.core.url_to_fs(path)[1])
+        with object_store_errors(path, "read the size and time of"):
+            info = fs.info(fsspec.core.url_to_fs(path)[1])
         changed = info.get("mtime") or info.get("LastModified") or info.get("created")
         # The path too: every row names the file it came from, so a corpus moved with its file times
         # kept is read again from where it is now, not taken as done with rows naming a gone file.

@@ -12,6 +12,8 @@ exactly the shards without a completion record and a shard added to a source is 
 `moe_dag.engine`). Every file is written under a hidden temporary name and renamed into place
 (`moe_dag.storage.atomic`): a killed run never leaves a half-written file that the `*.parquet` glob of a
 reader would pick up, and the completion record is written only after the files it vouches for.
+On an object store, a listing or a read that the store refuses, cannot be reached for or times out
+raises one `ObjectStoreError` naming the endpoint and the fix (`moe_dag.storage.object_store`).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from moe_dag.storage.artifact_manifest import (
     verify_file,
 )
 from moe_dag.storage.atomic import TEMPORARY_PREFIX, atomic_path, atomic_write, temporary_name
+from moe_dag.storage.object_store import object_store_errors
 
 PART_NAME = "part-00000.parquet"
 RECORDS_DIR = "_done"
@@ -83,7 +86,13 @@ class Lake:
     def files_matching(self, folder: str, pattern: str) -> list[str]:
         """The paths in `folder` that match `pattern`. The folder is taken literally: a root such as
         `runs[1]/lake` holds glob characters that would otherwise match nothing (or something else)."""
-        return self.fs.glob(posixpath.join(glob.escape(folder), pattern))
+        with self.store_errors(folder, "list"):
+            return self.fs.glob(posixpath.join(glob.escape(folder), pattern))
+
+    def store_errors(self, path: str, operation: str) -> contextlib.AbstractContextManager[None]:
+        """`object_store_errors` for `path` of this lake: a refused, unreachable or timed-out store
+        named with the fix; a local lake's errors pass as they are."""
+        return object_store_errors(self.fs.unstrip_protocol(path), operation)
 
     def duckdb_paths(self, con: Any, paths: list[str]) -> list[str]:
         """`paths` of this lake as DuckDB connection `con` can read them: an object-store lake's
@@ -143,7 +152,7 @@ class Lake:
             yield from read_batches(path, self.fs, columns, batch_rows)
 
     def read_file(self, path: str, columns: list[str] | None = None) -> pa.Table:
-        with self.fs.open(path, "rb") as handle:
+        with self.store_errors(path, "read"), self.fs.open(path, "rb") as handle:
             return pq.read_table(handle, columns=columns)
 
     def write_file(self, table: pa.Table, path: str) -> None:
@@ -155,7 +164,8 @@ class Lake:
         """The JSON file at `path`, None when there is none; a file that is not JSON (torn, cut, nested
         past the parser) is refused with its path and `fix`, what to do about it."""
         try:
-            data = self.fs.cat_file(path)
+            with self.store_errors(path, "read"):
+                data = self.fs.cat_file(path)
         except FileNotFoundError:
             return None
         try:
@@ -177,7 +187,7 @@ class Lake:
         folder = posixpath.join(self.dataset_dir(stage, source), RECORDS_DIR)
         found = {}
         for path in sorted(self.files_matching(folder, "*.json")):
-            with self.fs.open(path, "rb") as handle:
+            with self.store_errors(path, "read"), self.fs.open(path, "rb") as handle:
                 found[posixpath.basename(path).removesuffix(".json")] = json.loads(handle.read())
         return found
 
@@ -401,7 +411,7 @@ def read_batches(
 ) -> Iterator[pa.Table]:
     """One parquet file as tables of at most `batch_rows` rows; an empty file yields one empty table,
     so a caller always learns the schema."""
-    with fs.open(path, "rb") as handle:
+    with object_store_errors(fs.unstrip_protocol(path), "read"), fs.open(path, "rb") as handle:
         parquet = pq.ParquetFile(handle)
         schema = parquet.schema_arrow
         if columns is not None:

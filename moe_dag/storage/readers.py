@@ -9,7 +9,9 @@ shard held are counted, not only its lines. A line nested too deeply for the JSO
 quarantine row. A compressed stream that ends early keeps the lines decoded before the cut and adds
 one quarantine row "truncated compressed stream" (with the byte of the file where it ends) at the line
 after the last complete one. Only a shard that cannot be opened at all (missing, not the compression
-its name says, not parquet) raises `ShardReadError`. `decompressed_chunks` is the one way to the
+its name says, not parquet) raises `ShardReadError`; an object store that refuses the credentials,
+cannot be reached or stops replying raises `ObjectStoreError` (`moe_dag.storage.object_store`), naming
+the endpoint and the fix. `decompressed_chunks` is the one way to the
 bytes of a line-based shard, so the independent line count (`moe_dag.curation.counts`) sees what the
 reader sees.
 
@@ -64,6 +66,7 @@ import pyarrow.parquet as pq
 import zstandard
 from tqdm.auto import tqdm
 
+from moe_dag.storage.object_store import object_store_errors
 from moe_dag.storage.schema import DOCUMENT_SCHEMA, QUARANTINE_SCHEMA
 
 SHARD_SUFFIXES = (".jsonl", ".jsonl.gz", ".json.gz", ".jsonl.zst", ".json.zst", ".parquet")
@@ -144,10 +147,11 @@ class _HashingReader:
 
 def list_shards(location: str) -> list[str]:
     """Sorted shard paths under `location` (a folder or an fsspec URL), searched recursively."""
-    fs, root = fsspec.core.url_to_fs(location)
-    if not fs.exists(root):
-        raise ValueError(f"shard location {location!r} does not exist")
-    found = [root] if fs.isfile(root) else fs.find(root)
+    with object_store_errors(location, "list the shards under"):
+        fs, root = fsspec.core.url_to_fs(location)
+        if not fs.exists(root):
+            raise ValueError(f"shard location {location!r} does not exist")
+        found = [root] if fs.isfile(root) else fs.find(root)
     shards = sorted(p for p in found if p.endswith(SHARD_SUFFIXES))
     if not shards:
         raise ValueError(f"shard location {location!r} holds no shard ({', '.join(SHARD_SUFFIXES)})")
@@ -213,12 +217,14 @@ def read_block_batches(
 @contextlib.contextmanager
 def _opened(path: str) -> Iterator[tuple[IO[bytes], dict[str, Any]]]:
     """The shard's file opened for reading, with its `info` (size, modification time) as it was
-    opened; `ShardReadError` when it cannot be opened or read."""
+    opened; `ShardReadError` when it cannot be opened or read, `ObjectStoreError` when its object
+    store refuses the credentials, cannot be reached or times out (the shard may be fine)."""
     try:
-        fs, bare = fsspec.core.url_to_fs(path)
-        info = fs.info(bare)
-        with fs.open(bare, "rb") as opened:
-            yield opened, info
+        with object_store_errors(path, "read the shard"):
+            fs, bare = fsspec.core.url_to_fs(path)
+            info = fs.info(bare)
+            with fs.open(bare, "rb") as opened:
+                yield opened, info
     except FileNotFoundError as e:
         raise ShardReadError(f"shard {path!r} does not exist") from e
     except OSError as e:
