@@ -71,10 +71,11 @@ def _store_problem(url: str, error: Exception) -> str | None:
         return None
     if isinstance(error, TimeoutError | boto.ReadTimeoutError | boto.ConnectTimeoutError):
         timeouts = _s3_config(url)
+        attempts = timeouts.get("retries", {}).get("total_max_attempts", "botocore's default number of")
         return (
             f"no reply from the endpoint {_endpoint(url)} within the timeouts (connect "
-            f"{timeouts.get('connect_timeout')} s, read {timeouts.get('read_timeout')} s, "
-            f"{timeouts.get('retries', {}).get('total_max_attempts')} attempts, each tried again by s3fs); "
+            f"{timeouts['connect_timeout']} s, read {timeouts['read_timeout']} s, {attempts} attempts, "
+            "each tried again by s3fs); "
             "if the store is up but slow, raise object_store.read_timeout_s (or connect_timeout_s, "
             "attempts) in the pipeline config"
         )
@@ -105,4 +106,7 @@ def _s3_config(url: str) -> dict:
 def _endpoint(url: str) -> str:
     """Where the filesystem of `url` sends its requests (the client it built: an explicit endpoint,
     `AWS_ENDPOINT_URL`, or AWS's own for the region)."""
-    return fsspec.core.url_to_fs(url)[0].s3.meta.endpoint_url
+    try:
+        return fsspec.core.url_to_fs(url)[0].s3.meta.endpoint_url
+    except Exception:  # no client could be built (no region, no credentials): name what would be used
+        return os.environ.get("AWS_ENDPOINT_URL") or "AWS's endpoint for the region"
