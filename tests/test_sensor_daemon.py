@@ -2,13 +2,15 @@
 
 A temporary Dagster instance (the repository's dagster.yaml with the run queue closed, SQLite in the
 temporary home), a code server (`dagster api grpc`) loading the project's definitions for a two-source
-test config, and the daemon reading a workspace that points at it. Both sources have one shard already
-in the shard ledger; a second shard is dropped into source `a`; `dagster sensor start` turns on both
-sources' sensors (they are stopped by default). The daemon evaluates a sensor at once when it has no
-tick yet (after that, every `minimum_interval_seconds`, 60), so within seconds of starting: `a`'s tick
-requests one `raw_documents` run of partition `a` for exactly the new shard, and `b`'s tick skips. The
-run stays queued (`max_concurrent_runs: 0`): what ingesting does is tested elsewhere. Afterwards the
-daemon's and the code server's process groups are stopped, and no process of this instance is left.
+test config, and the daemon reading a workspace that points at it (a `python_module` entry would have
+the daemon and each `dagster sensor start` load the graph again, 30 s each on two busy cores). Both
+sources have one shard already in the shard ledger; a second shard is dropped into source `a`;
+`dagster sensor start` turns on both sources' sensors (they are stopped by default). The daemon
+evaluates a sensor at once when it has no tick yet (after that, every `minimum_interval_seconds`, 60),
+so within seconds of starting: `a`'s tick requests one `raw_documents` run of partition `a` for exactly
+the new shard, and `b`'s tick skips. The run stays queued (`max_concurrent_runs: 0`): what ingesting
+does is tested elsewhere. Afterwards the daemon's and the code server's process groups are stopped, and
+no process of this instance is left.
 """
 
 from __future__ import annotations
@@ -67,7 +69,8 @@ def test_the_daemon_requests_the_sources_partition_when_a_new_shard_arrives(tmp_
         wait_for_log(code_log, "Started Dagster code server", server)
         for source in SOURCES:
             start = [str(BIN / "dagster"), "sensor", "start", f"new_shards_{source}", "-w", str(workspace)]
-            subprocess.run(start, env=env, check=True, capture_output=True, timeout=STARTUP_SECONDS)
+            started = subprocess.run(start, env=env, capture_output=True, text=True, timeout=STARTUP_SECONDS)
+            assert started.returncode == 0, f"{' '.join(start[1:])}:\n{started.stdout}{started.stderr}"
         ticks = wait_for_first_ticks(instance, [f"new_shards_{source}" for source in SOURCES], daemon_log)
 
         (run,) = instance.get_runs(dg.RunsFilter(tags={SENSOR_TAG: "new_shards_a"}))
