@@ -32,6 +32,10 @@ def test_the_run_folder_follows_the_mixture_and_the_launch_config(tmp_path):
     first = run_dir_for(tmp_path, launch, tmp_path / "runs")
     assert run_dir_for(tmp_path, launch, tmp_path / "runs") == first  # a rerun resumes in place
     assert run_dir_for(tmp_path, TrainingLaunchConfig(steps=301), tmp_path / "runs") != first
+    tracked = TrainingLaunchConfig(
+        overrides={"train.tracking": "mlflow", "train.tracking_uri": "http://h:5000"}
+    )
+    assert run_dir_for(tmp_path, tracked, tmp_path / "runs") == first  # where it is tracked: same run
     (tmp_path / "mixture.json").write_text('{"num_sequences": 11}')
     assert run_dir_for(tmp_path, launch, tmp_path / "runs") != first
 

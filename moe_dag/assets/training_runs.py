@@ -29,6 +29,7 @@ from moe_dag.config import TrainingLaunchConfig
 from moe_dag.operations.bounds import ChecksConfig, loss_trend, router_violations
 from moe_dag.operations.plots import bars_png, png_markdown
 from moe_dag.storage.atomic import atomic_write
+from moe_dag.training.config import TrainConfig
 from moe_dag.training.data import DATA_ORDER
 from moe_dag.training.evaluate import EVAL_FILE
 from moe_dag.training.lifeline import launcher_env
@@ -104,9 +105,12 @@ def tracking_metadata(run_dir: Path) -> dict[str, dg.MetadataValue]:
 def run_dir_for(data_dir: Path, launch: TrainingLaunchConfig, root: Path) -> Path:
     """One folder per (mixture, resolved training config, processes, data order): a rerun resumes there;
     new inputs, any changed training setting (in the preset's file too) or a trainer that reads the
-    mixture in another order start afresh, so the trainer never resumes a run under other settings."""
+    mixture in another order start afresh, so the trainer never resumes a run under other settings.
+    Where the run is tracked (`TrainConfig.TRACKING_FIELDS`) is not a setting of what it trains."""
     mixture = (data_dir / "mixture.json").read_bytes()
-    run = {"config": launch.resolved.to_dict(), "nproc_per_node": launch.nproc_per_node}
+    config = launch.resolved.to_dict()
+    config["train"] = {k: v for k, v in config["train"].items() if k not in TrainConfig.TRACKING_FIELDS}
+    run = {"config": config, "nproc_per_node": launch.nproc_per_node}
     if launch.nnodes > 1:  # (only then, so one node's run folders stay where they were)
         run["nnodes"] = launch.nnodes
     run_json = json.dumps(run, sort_keys=True).encode()

@@ -263,6 +263,9 @@ class TrainConfig:
     wandb_project: str = "moe-dag"  # also MLflow's experiment name
     tracking_uri: str | None = None
 
+    # Where a run is tracked, not what it trains: a run moved to another backend resumes in its folder.
+    TRACKING_FIELDS = ("tracking", "wandb_mode", "wandb_project", "tracking_uri")
+
     def __post_init__(self) -> None:
         check_ranges(self)
         for name in ("batch_size", "grad_accum_steps", "log_every", "checkpoint_every", "keep_checkpoints"):
