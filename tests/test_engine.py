@@ -6,7 +6,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from moe_dag.curation.ingest import ingest_source
 from moe_dag.curation.work import FilterWork
 from moe_dag.engine import ShardStageError, StageSpec, run_stage, upstream_inputs
 from moe_dag.storage.lake import Lake
+from tests.local_processes import free_port
 
 SENTENCES = [
     "The river was high after a week of rain, and the ferry did not run until Thursday.",
@@ -285,7 +285,7 @@ print("nodes", len(ray.nodes()))
 
 @pytest.mark.slow
 def test_a_stage_runs_on_a_ray_head_by_address(tmp_path, local_ray):
-    port = _free_port()
+    port = free_port()
     head = subprocess.Popen(
         ["ray", "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=2",
          "--object-store-memory=268435456", "--include-dashboard=false", f"--temp-dir=/tmp/moe-ray-{port}"],
@@ -311,12 +311,6 @@ def test_a_stage_runs_on_a_ray_head_by_address(tmp_path, local_ray):
     local = ingested(tmp_path, "local")
     run_stage(prefilter_spec(), local, "web", upstream_inputs(local, "raw_documents", "web"))
     assert sorted_rows(remote, "prefiltered").equals(sorted_rows(local, "prefiltered"))
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def test_a_row_range_is_read_in_the_batches_of_the_whole_file(tmp_path):

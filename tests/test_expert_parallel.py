@@ -15,7 +15,6 @@ import dataclasses
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +36,7 @@ from moe_dag.training.parallelize import Parallelism
 from moe_dag.training.precision import build_recipe
 from moe_dag.training.synthetic import SyntheticBatches
 from moe_dag.training.trainer import train, train_step
+from tests.local_processes import free_port
 
 NUM_EXPERTS, D_MODEL = 8, 32
 
@@ -118,12 +118,6 @@ class _FakeMesh:
 
 
 # ---------------------------------------------------------------- spawned gloo ranks
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def spawn(worker, world: int) -> None:

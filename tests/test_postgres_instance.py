@@ -13,7 +13,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -29,6 +28,7 @@ from dagster_postgres import PostgresEventLogStorage, PostgresRunStorage
 from moe_dag.config import load_config
 from moe_dag.curation.demo_corpus import build_demo_corpus
 from moe_dag.orchestration.definitions import build_definitions
+from tests.local_processes import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 POSTGRES_YAML = REPO / "configs" / "dagster" / "postgres.yaml"
@@ -81,7 +81,7 @@ def postgres_server() -> Iterator[PostgresServer]:
         )
     run_as = _server_user()
     folder = Path(tempfile.mkdtemp(prefix="moe_dag_pg_"))  # not under pytest's tmp: root-only (0700)
-    server = PostgresServer("127.0.0.1", _free_port(), "moe_dag", "pg-test-password", "dagster")
+    server = PostgresServer("127.0.0.1", free_port(), "moe_dag", "pg-test-password", "dagster")
     log_path = folder / "server.log"
     try:
         (folder / "password").write_text(server.password)
@@ -125,12 +125,6 @@ def _server_user() -> pwd.struct_passwd | None:
             "running as root, and PostgreSQL refuses to: no `postgres` user to run it as "
             "(Debian's postgresql-common package creates one)"
         ) from None
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _wait_until_accepting(server: PostgresServer, process: subprocess.Popen, log_path: Path) -> None:

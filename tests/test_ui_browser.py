@@ -18,7 +18,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -45,6 +44,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 from moe_dag.config import load_config
 from moe_dag.curation.demo_corpus import build_demo_corpus
 from moe_dag.orchestration.definitions import build_definitions
+from tests.local_processes import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / ".moe_dag" / "test-artifacts" / "ui"
@@ -97,7 +97,7 @@ def tiny_pipeline(tmp_path, monkeypatch) -> Path:
 def dagster_ui(tiny_pipeline, tmp_path) -> Iterator[str]:
     """`dagster dev` on a free port of 127.0.0.1 (webserver, daemon, code server) over an instance where
     the whole graph has been materialised; yields its URL."""
-    port = _free_port()
+    port = free_port()
     log_path = tmp_path / "dagster_dev.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
@@ -209,12 +209,6 @@ def test_ui_shows_the_graph_launches_a_partition_and_renders_a_plot(
     width = _wait(browser, lambda: _loaded_image_width(browser), f"the {plot_key} image to load")
     assert width > 0
     _screenshot(browser, tmp_path, "metadata_plot")
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _stoppable_by_sigterm() -> None:
