@@ -22,17 +22,27 @@ rows, verification at Jaccard 0.8):
 The baselines get their shingles from the usual Python (regex normalisation, word 5-gram strings).
 
 Throughput is documents per CPU second of this process (all its threads), i.e. per core: the machine
-is shared, and DuckDB and rensa may use several threads. Quality: precision and recall of duplicate
-pairs against exact word-5-gram Jaccard >= 0.8, brute force over a sample (every pair sharing a
-pair that can reach 0.8 is compared exactly, see `true_pairs`). A true pair is recalled when both
-documents land in one cluster; a removed document is a true positive when its survivor is a true pair.
+is shared, and DuckDB and rensa may use several threads. One run is several repetitions (`--repeats`):
+each runs moe-dag and rensa one after the other (the first `--peer-repeats` also datasketch and
+datatrove), in an order reversed every other repetition, and a ratio compares the two sides' CPU time
+within one repetition; a ratio is a draw, so the JSON line gives each ratio's median (the goals are
+stated on it) and every value (`ratio_vs_*_values`). Every repetition must decide identically.
+
+Quality: precision and recall of duplicate pairs against exact word-5-gram Jaccard >= 0.8, brute force
+over a sample (every pair sharing a pair that can reach 0.8 is compared exactly, see `true_pairs`). A
+true pair is recalled when both documents land in one cluster; a removed document is a true positive
+when its survivor is a true pair.
+Precision and recall are given overall and per script (`by_script`; `*_worst_script` is the lower of
+the overall figure and each script's); `goals` says which of issue 30's goals the run meets
+(`GOALS`: the median ratio against rensa and datatrove, the worst precision and recall).
 
 Also measured: signatures alone with the permutations in numpy (multiply, add, shift, minimum) against
 rensa's, both after the same vectorised shingling; this decides which `compute_signatures` uses. With
 `--s-curve-png PATH` it writes the S-curve: measured and predicted probability of being paired against
 true Jaccard.
 
-    .venv/bin/python -m benchmarks.dedup [--documents 3000] [--sample 2000] [--s-curve-png PATH]
+    .venv/bin/python -m benchmarks.dedup [--documents 3000] [--sample 2000] [--repeats 9]
+        [--peer-repeats 3] [--s-curve-png PATH]
 
 Needs the `bench` extra (`make bench` installs it). Last line: one JSON object.
 """
@@ -45,6 +55,7 @@ import json
 import math
 import random
 import re
+import statistics
 import tempfile
 import time
 from collections import defaultdict
@@ -73,6 +84,9 @@ from moe_dag.storage.schema import parquet_write_options
 
 CONFIG = MinHashConfig()
 SOURCES = ["prose", "code"]
+PEERS = ["rensa", "datasketch", "datatrove"]
+# The goals (issue 30), on the median ratio and on precision and recall overall and in each script.
+GOALS = {"ratio_vs_rensa": 1.2, "ratio_vs_datatrove": 20.0, "precision": 0.98, "recall": 0.95}
 _NOT_WORD = re.compile(r"[\W_]+")  # the baselines' normalisation: what a user of those libraries writes
 
 
@@ -352,8 +366,10 @@ def s_curve(trials: int = 60, words: int = 200) -> list[tuple[float, float, floa
         )
         equal = signatures[:, 0] == signatures[:, 1]
         paired = equal.reshape(trials, CONFIG.num_bands, CONFIG.rows_per_band).all(axis=2).any(axis=1)
-        clustered = paired & (equal.mean(axis=1) >= CONFIG.jaccard_threshold)
-        rows.append(((words - 4 - replaced) / (words - 4 + replaced), paired.mean(), clustered.mean()))
+        similarity = (words - 4 - replaced) / (words - 4 + replaced)  # the replaced words end the text
+        verified = similarity if CONFIG.verification == "exact" else equal.mean(axis=1)
+        clustered = paired & (verified >= CONFIG.jaccard_threshold)
+        rows.append((similarity, paired.mean(), clustered.mean()))
     return rows
 
 
@@ -372,7 +388,10 @@ def plot_s_curve(rows: list[tuple[float, float, float]], path: Path) -> None:
     )
     axes.plot([r[0] for r in rows], [r[1] for r in rows], "o", label="measured: paired by LSH")
     axes.plot(
-        [r[0] for r in rows], [r[2] for r in rows], "x", label="measured: clustered (estimated J >= 0.8)"
+        [r[0] for r in rows],
+        [r[2] for r in rows],
+        "x",
+        label=f"measured: clustered ({CONFIG.verification} J >= 0.8)",
     )
     axes.axvline(CONFIG.jaccard_threshold, color="grey", linestyle="--", linewidth=1)
     axes.set(
@@ -408,7 +427,38 @@ def script_of(text: str) -> str:
     return "unspaced" if _CHINESE.search(text) else "spaced"
 
 
-def main(documents: int, sample_size: int, s_curve_png: Path | None, corpus_kind: str = "fixed") -> dict:
+def side_by_side(
+    corpus: pa.Table, repeats: int, peer_repeats: int
+) -> dict[str, tuple[list[int], list[float]]]:
+    """Each path's labels and its CPU seconds per repetition. A repetition runs moe-dag and rensa (the
+    close comparison, every repetition) and, in the first `peer_repeats`, datasketch and datatrove,
+    in an order reversed every other repetition, so that the machine's load drifts over both sides of
+    each ratio alike; every ratio compares two runs of one repetition. Labels must repeat exactly."""
+    paths = {"moe-dag": moe_dag_path, "rensa": rensa_path, "datasketch": datasketch_path}
+    paths["datatrove"] = datatrove_path
+    times: dict[str, tuple[list[int], list[float]]] = {}
+    for repetition in range(repeats):
+        names = list(paths)[: 2 if repetition >= peer_repeats else len(paths)]
+        for name in names if repetition % 2 == 0 else reversed(names):
+            with tempfile.TemporaryDirectory() as folder:
+                labels, cpu, _ = timed(lambda path=paths[name], folder=folder: path(corpus, Path(folder)))
+            first, cpus = times.setdefault(name, (labels, []))
+            if labels != first:
+                raise AssertionError(f"{name} decided differently in repetition {repetition}")
+            cpus.append(cpu)
+    return times
+
+
+def main(
+    documents: int,
+    sample_size: int,
+    s_curve_png: Path | None,
+    corpus_kind: str = "fixed",
+    repeats: int = 9,
+    peer_repeats: int = 3,
+) -> dict:
+    if min(repeats, peer_repeats) < 1:
+        raise ValueError(f"--repeats and --peer-repeats must be >= 1, got {repeats} and {peer_repeats}")
     corpus = (fixed_corpus if corpus_kind == "fixed" else installed_corpus)(documents)
     texts = corpus["text"].to_pylist()
     print(
@@ -420,29 +470,28 @@ def main(documents: int, sample_size: int, s_curve_png: Path | None, corpus_kind
     truth = true_pairs(texts, sample)
     print(f"sample: {len(sample)} documents, {len(truth)} pairs with exact Jaccard >= 0.8")
 
+    times = side_by_side(corpus, repeats, peer_repeats)
     results = {}
-    for name, path in (
-        ("moe-dag", moe_dag_path),
-        ("datatrove", datatrove_path),
-        ("datasketch", datasketch_path),
-        ("rensa", rensa_path),
-    ):
-        with tempfile.TemporaryDirectory() as folder:
-            labels, cpu, wall = timed(lambda path=path, folder=folder: path(corpus, Path(folder)))
+    for name, (labels, cpu) in times.items():
         duplicates = sum(label != i for i, label in enumerate(labels))
         precision, recall = (
             quality(labels, truth, sample) if name != "datatrove" else (float("nan"), float("nan"))
         )
-        results[name] = {
-            "docs_per_cpu_s": corpus.num_rows / cpu,
-            "wall_s": wall,
-            "precision": precision,
-            "recall": recall,
-            "labels": labels,
-        }
+        rate = corpus.num_rows / statistics.median(cpu)
+        results[name] = {"docs_per_cpu_s": rate, "precision": precision, "recall": recall, "labels": labels}
         print(
-            f"{name:>10}: {corpus.num_rows / cpu:8.0f} docs per CPU second ({cpu:6.2f} s CPU, "
-            f"{wall:6.2f} s wall), {duplicates} duplicates, precision {precision:.3f}, recall {recall:.3f}"
+            f"{name:>10}: {rate:8.0f} docs per CPU second (median of {len(cpu)}: "
+            f"{', '.join(f'{c:.2f}' for c in cpu)} s CPU), {duplicates} duplicates, "
+            f"precision {precision:.3f}, recall {recall:.3f}"
+        )
+    ratios = {
+        peer: [other / ours for ours, other in zip(times["moe-dag"][1], times[peer][1], strict=False)]
+        for peer in PEERS
+    }
+    for peer, values in ratios.items():
+        print(
+            f"   moe-dag against {peer}, CPU time of the same repetition: median "
+            f"{statistics.median(values):.2f}, every value {', '.join(f'{v:.2f}' for v in values)}"
         )
 
     # Against exact word-5-gram Jaccard with moe-dag's words (characters in unspaced scripts): the
@@ -485,17 +534,40 @@ def main(documents: int, sample_size: int, s_curve_png: Path | None, corpus_kind
         print(f"S-curve written to {s_curve_png}")
 
     ours = results["moe-dag"]["docs_per_cpu_s"]
+    median = {peer: round(statistics.median(values), 2) for peer, values in ratios.items()}
+    worst = {
+        key: min(
+            [results["moe-dag"][key]] + [part["moe-dag"][key] for part in by_script.values() if part["pairs"]]
+        )
+        for key in ("precision", "recall")
+    }
+    goals = {
+        "ratio_vs_rensa": median["rensa"] >= GOALS["ratio_vs_rensa"],
+        "ratio_vs_datatrove": median["datatrove"] >= GOALS["ratio_vs_datatrove"],
+        "precision": worst["precision"] >= GOALS["precision"],
+        "recall": worst["recall"] >= GOALS["recall"],
+    }
     return {
         "bench": "dedup",
         "baseline": "datatrove, datasketch, rensa",
         "documents": corpus.num_rows,
+        "repeats": repeats,
+        "peer_repeats": min(peer_repeats, repeats),
         "docs_per_s": round(ours, 1),
-        "ratio_vs_datatrove": round(ours / results["datatrove"]["docs_per_cpu_s"], 2),
-        "ratio_vs_datasketch": round(ours / results["datasketch"]["docs_per_cpu_s"], 2),
-        "ratio_vs_rensa": round(ours / results["rensa"]["docs_per_cpu_s"], 2),
+        "ratio_vs_datatrove": median["datatrove"],
+        "ratio_vs_datasketch": median["datasketch"],
+        "ratio_vs_rensa": median["rensa"],
         "corpus": corpus_kind,
+        "verification": CONFIG.verification,
         "precision": round(results["moe-dag"]["precision"], 4),
         "recall": round(results["moe-dag"]["recall"], 4),
+        "precision_worst_script": round(worst["precision"], 4),
+        "recall_worst_script": round(worst["recall"], 4),
+        "goals_met": all(goals.values()),
+        "ratio_vs_rensa_values": [round(v, 3) for v in ratios["rensa"]],
+        "ratio_vs_datatrove_values": [round(v, 2) for v in ratios["datatrove"]],
+        "ratio_vs_datasketch_values": [round(v, 2) for v in ratios["datasketch"]],
+        "goals": goals,
         "by_script": by_script,
         "false_positives": wrong,
         "signature_docs_per_s_numpy_permutations": round(signatures["numpy"], 1),
@@ -516,5 +588,15 @@ if __name__ == "__main__":
         default="fixed",
         help="generated from a seed, or installed text",
     )
-    args = parse_with_smoke(parser, {"documents": 300, "sample": 200})
-    print(json.dumps(main(args.documents, args.sample, args.s_curve_png, args.corpus)))
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=9,
+        help="repetitions of moe-dag and rensa, side by side (ratio: median)",
+    )
+    parser.add_argument(
+        "--peer-repeats", type=int, default=3, help="of them, those that also run datasketch and datatrove"
+    )
+    args = parse_with_smoke(parser, {"documents": 300, "sample": 200, "repeats": 2, "peer_repeats": 1})
+    result = main(args.documents, args.sample, args.s_curve_png, args.corpus, args.repeats, args.peer_repeats)
+    print(json.dumps(result))

@@ -18,6 +18,7 @@ from moe_dag.curation.dedup import (
     built_from_version,
     candidate_probability,
     cluster_versions,
+    clusters,
     compute_signatures,
     find_duplicate_clusters,
     normalize_text,
@@ -65,9 +66,17 @@ def test_normalisation_ignores_case_punctuation_and_spacing():
 
 def test_signature_table_shape():
     signatures = compute_signatures(table({"a": ("web", " ".join(BASE)), "b": ("web", "")}), CONFIG)
-    assert signatures.column_names == ["id", "source", "content_hash", "signature"]
+    assert signatures.column_names == ["id", "source", "content_hash", "signature", "fingerprints"]
     assert signatures.schema.field("signature").type == pa.list_(pa.uint32())
     assert [len(s) for s in signatures["signature"].to_pylist()] == [CONFIG.num_hashes] * 2
+    # One fingerprint per shingle (196 of 200 words; one for the empty document), its hash's top half.
+    shingles = shingle_hashes(pa.array([" ".join(BASE), ""]), CONFIG.ngram_size)
+    assert signatures["fingerprints"].to_pylist() == [
+        (shingles.hashes[:196] >> np.uint64(32)).tolist(),
+        (shingles.hashes[196:] >> np.uint64(32)).tolist(),
+    ]
+    estimated = MinHashConfig(verification="estimated")
+    assert compute_signatures(table({"a": ("web", "")}), estimated).column_names[-1] == "signature"
 
 
 def test_exact_duplicate_after_normalisation():
@@ -266,15 +275,16 @@ def test_shingle_hashes_match_word_ngram_sets():
 
 
 def test_exact_verification_reports_the_true_jaccard():
-    config = MinHashConfig(verification="exact")
+    config = CONFIG
     docs = {"a": ("web", " ".join(BASE)), "b": ("web", " ".join(EDITED))}
     signatures = compute_signatures(table(docs), config)
-    assert signatures.schema.field("shingles").type == pa.list_(pa.uint64())
+    assert signatures.schema.field("fingerprints").type == pa.list_(pa.uint32())
     clusters = find_duplicate_clusters(signatures, config, PRIORITY).to_pylist()
     assert clusters[1]["duplicate_of"] == "a"
     assert clusters[1]["jaccard"] == pytest.approx(exact_jaccard(docs["a"][1], docs["b"][1]))
-    with pytest.raises(ValueError, match=r"lack columns \['shingles'\]"):
-        find_duplicate_clusters(compute_signatures(table(docs), CONFIG), config, PRIORITY)
+    with pytest.raises(ValueError, match=r"lack columns \[.fingerprints.\]"):
+        estimated = MinHashConfig(verification="estimated")
+        find_duplicate_clusters(compute_signatures(table(docs), estimated), config, PRIORITY)
 
 
 def test_a_cluster_spans_three_sources():
@@ -379,3 +389,48 @@ def test_cluster_versions_change_only_with_decisions():
     assert changed["web"] == versions["web"] and changed["code"] != versions["code"]
     deduplicated = apply_dedup(table({"b": docs["b"], "c": docs["c"]}), clusters)
     assert built_from_version(deduplicated) == versions["code"]
+
+
+def _pair_just_under_the_threshold() -> dict[str, tuple[str, str]]:
+    """Two documents of 200 made-up words, the second with 5 of them replaced: exact word-5-gram
+    Jaccard 0.774, which the default signature (seed 1) estimates at 0.804, sharing a band."""
+    rng = random.Random(8)
+    fresh = list(dict.fromkeys("".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=7)) for _ in range(400)))
+    first, second = fresh[:200], list(fresh[:200])
+    for i, position in enumerate(rng.sample(range(200), rng.choice([4, 5]))):
+        second[position] = fresh[200 + i]
+    return {"a": ("web", " ".join(first)), "b": ("web", " ".join(second))}
+
+
+def test_a_pair_under_the_threshold_is_not_merged_on_its_estimate():
+    """Candidates are decided on the exact Jaccard of their shingle fingerprints: a pair at 0.774
+    whose MinHash estimate passes 0.8 stays apart (with `verification: estimated` it merges)."""
+    docs = _pair_just_under_the_threshold()
+    assert exact_jaccard(docs["a"][1], docs["b"][1]) == pytest.approx(0.774, abs=0.001)
+    estimated = MinHashConfig(verification="estimated")
+    signatures = np.array(compute_signatures(table(docs), estimated)["signature"].to_pylist())
+    same = signatures[0] == signatures[1]
+    assert same.mean() >= 0.8 and same.reshape(14, 8).all(axis=1).any()  # a candidate, estimated over
+    merged = find_duplicate_clusters(compute_signatures(table(docs), estimated), estimated, PRIORITY)
+    assert merged["duplicate_of"].to_pylist() == [None, "a"]
+    assert CONFIG.verification == "exact"
+    clusters = find_duplicate_clusters(compute_signatures(table(docs), CONFIG), CONFIG, PRIORITY)
+    assert clusters["is_survivor"].to_pylist() == [True, True]
+
+
+def test_exact_jaccard_of_fingerprint_lists_is_set_jaccard():
+    """Every pair at once, repeats within a list ignored, chunked or not."""
+    rng = np.random.default_rng(0)
+    xs, ys = [], []
+    for _ in range(200):
+        x = rng.integers(0, 2**32, rng.integers(1, 40), dtype=np.uint64)
+        y = np.concatenate([x[: rng.integers(0, len(x) + 1)], rng.integers(0, 2**32, rng.integers(1, 9))])
+        xs.append(np.concatenate([x, x[:2]]).tolist())
+        ys.append(rng.permutation(y).tolist())
+    lists = pa.list_(pa.uint32())
+    got = clusters.exact_jaccard(
+        pa.array(xs, lists), pa.chunked_array([pa.array(ys[:50], lists), pa.array(ys[50:], lists)])
+    )
+    want = [len(set(x) & set(y)) / len(set(x) | set(y)) for x, y in zip(xs, ys, strict=True)]
+    assert got.tolist() == pytest.approx(want)
+    assert clusters.exact_jaccard(pa.array([], lists), pa.array([], lists)).tolist() == []

@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from moe_dag.curation.dedup import SIGNATURE_SCHEMA, MinHashConfig, ShardClusters, compute_signatures
+from moe_dag.curation.dedup import MinHashConfig, ShardClusters, compute_signatures
 from moe_dag.curation.dedup.clusters import EMPTY_VERSION
 from moe_dag.curation.dedup.partitioned import CLUSTERS_STAGE, cluster_file_name
 from moe_dag.curation.filters import DocumentFilter, run_filters
@@ -101,7 +101,7 @@ class SignatureWork(ShardWork):
         self.config = config
 
     def process(self, shard: ShardInput, out: ShardOutput) -> dict[str, Any]:
-        writer = out.table("minhash_signatures", SIGNATURE_SCHEMA)
+        writer = out.table("minhash_signatures", self.config.signature_schema())
         documents = 0
         for batch in kept_batches(shard, out):
             writer.write(compute_signatures(batch, self.config))

@@ -19,7 +19,7 @@ does the heavy lifting, so it can spill to disk when the signatures outgrow memo
    list of bands; only their pairs travel; `partitioned` shuffles the buckets instead).
 4. Verify: each distinct candidate pair joins a cluster only if its Jaccard similarity reaches the
    threshold: estimated from the full signatures (equal rows / K) by default, or exact on the stored
-   shingle sets with `verification: exact`. Signatures stream through in record batches.
+   shingle fingerprints with `verification: exact`. Signatures stream through in record batches.
 5. Union-find over the verified pairs, started from the exact groups (numpy; see `_components`).
 
 This is the single-process reference: the pipeline clusters in partitions on Ray
@@ -36,6 +36,7 @@ combined: a new shard leaves the decisions, and the files, of the others alone.
 from __future__ import annotations
 
 import tempfile
+import threading
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -78,8 +79,8 @@ def find_duplicate_clusters(
 ) -> pa.Table:
     """One `CLUSTER_SCHEMA` row per signature row, in survivor-preference order.
 
-    DuckDB keeps its working tables in a database file under `work_dir` (default: the system's
-    temporary folder), so they can outgrow memory; the file is deleted at the end.
+    DuckDB keeps its working tables in memory and spills them to a folder under `work_dir` (default:
+    the system's temporary folder), so they can outgrow memory; they are dropped at the end.
     """
     if len(set(source_priority)) != len(source_priority):
         raise ValueError(f"find_duplicate_clusters: source_priority {list(source_priority)} repeats a source")
@@ -89,11 +90,13 @@ def find_duplicate_clusters(
         exact_root = con.execute("SELECT exact_root FROM docs ORDER BY row").fetchnumpy()["exact_root"]
         shares = [range(config.num_bands)[i::workers] for i in range(workers)]
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            found = list(pool.map(lambda bands: _pairs_of_bands(con, bands, config), shares))
+            [(schema,)] = con.execute("SELECT current_schema()").fetchall()
+            found = list(pool.map(lambda bands: _pairs_of_bands(con, schema, bands, config), shares))
         pairs = np.unique(np.concatenate(found), axis=0)
-        verified = pairs[_jaccard(con, pairs, config) >= config.jaccard_threshold]
-        root = _components(exact_root.astype(np.int64), verified)
-        return _cluster_table(con, root, config)
+        with _verification_values(con, pairs, config) as values:
+            similarity = _jaccard(con, values, pairs, config)
+            root = _components(exact_root.astype(np.int64), pairs[similarity >= config.jaccard_threshold])
+            return _cluster_table(con, values, root, exact_root, (pairs, similarity), config)
 
 
 def signature_rows(signatures: Signatures) -> int:
@@ -307,50 +310,82 @@ def built_from_version(table: pa.Table) -> str:
 def _ranked_documents(
     signatures: Signatures, config: MinHashConfig, source_priority: Sequence[str], work_dir: str | Path | None
 ) -> Iterator[duckdb.DuckDBPyConnection]:
-    """A DuckDB database holding `docs`: the signatures with their row number and exact group root.
+    """A DuckDB connection whose schema holds `docs`: the signatures with their row number and exact
+    group root.
 
     In memory, spilling to a temporary folder: DuckDB evicts an in-memory database's tables to its
     `temp_directory` as it does a file's, without a file's storage costs (its compression on write and
-    checkpoint on close took a quarter of clustering 3,420 signatures).
+    checkpoint on close took a quarter of clustering 3,420 signatures). The database is the process's
+    (`_database`); the schema is this clustering's, dropped at its end.
     """
-    with (
-        tempfile.TemporaryDirectory(dir=work_dir) as folder,
-        duckdb.connect(":memory:", config={"temp_directory": folder}) as con,
-    ):
-        if isinstance(signatures, pa.Table):
-            con.register("signatures", signatures)
-        else:
-            files = [signatures] if isinstance(signatures, str) else list(signatures)
-            con.read_parquet(files).create_view("signatures")
-        columns = _checked_columns(con, config)
-        shingles = ", shingles" if config.verification == "exact" else ""
-        arrival = "arrival" if "arrival" in columns else "0"
-        con.execute(
-            f"""
-            CREATE TABLE docs AS
-            WITH ranked AS (
-                SELECT row_number() OVER (
-                           ORDER BY list_position($priority, source), {arrival}, id
-                       ) - 1 AS row,
-                       id, source, content_hash, signature{shingles}
-                FROM signatures
-            )
-            SELECT *, min(row) OVER (PARTITION BY content_hash) AS exact_root FROM ranked
-            """,
-            {"priority": list(source_priority)},
+    with _database(work_dir).cursor() as con:
+        schema = f"clustering_{uuid.uuid4().hex}"
+        con.execute(f"CREATE SCHEMA {schema}; USE memory.{schema}")
+        try:
+            yield _ranked_in(con, signatures, config, source_priority)
+        finally:
+            con.execute(f"USE memory.main; DROP SCHEMA {schema} CASCADE")
+
+
+# One in-memory DuckDB database per work folder, for the life of the process: opening one costs 20 ms
+# of CPU (as much as clustering 1,000 signatures), a connection to an open one (a cursor) 0.2 ms. Each
+# clustering works in a schema of its own, dropped at its end, so concurrent ones do not meet.
+_DATABASES: dict[str | None, tuple[duckdb.DuckDBPyConnection, tempfile.TemporaryDirectory]] = {}
+_DATABASES_LOCK = threading.Lock()
+
+
+def _database(work_dir: str | Path | None) -> duckdb.DuckDBPyConnection:
+    key = None if work_dir is None else str(work_dir)
+    with _DATABASES_LOCK:
+        if key not in _DATABASES:
+            folder = tempfile.TemporaryDirectory(dir=work_dir)
+            con = duckdb.connect(":memory:", config={"temp_directory": folder.name})
+            _DATABASES[key] = (con, folder)
+        return _DATABASES[key][0]
+
+
+def _ranked_in(
+    con: duckdb.DuckDBPyConnection,
+    signatures: Signatures,
+    config: MinHashConfig,
+    source_priority: Sequence[str],
+) -> duckdb.DuckDBPyConnection:
+    """`docs` in the connection's current schema, checked."""
+    if isinstance(signatures, pa.Table):
+        con.register("signatures", signatures)
+    else:
+        files = [signatures] if isinstance(signatures, str) else list(signatures)
+        con.read_parquet(files).create_view("signatures")
+    columns = _checked_columns(con, config)
+    arrival = "arrival" if "arrival" in columns else "0"
+    con.execute(
+        f"""
+        CREATE TABLE docs AS
+        WITH ranked AS (
+            SELECT row_number() OVER (
+                       ORDER BY list_position($priority, source), {arrival}, id
+                   ) - 1 AS row,
+                   id, source, content_hash, signature
+            FROM signatures
         )
-        _check_documents(con, config, source_priority)
-        yield con
+        SELECT *, min(row) OVER (PARTITION BY content_hash) AS exact_root FROM ranked
+        """,
+        {"priority": list(source_priority)},
+    )
+    _check_documents(con, config, source_priority)
+    return con
 
 
 def _checked_columns(con: duckdb.DuckDBPyConnection, config: MinHashConfig) -> set[str]:
     """The signatures' columns, once they hold every column clustering reads."""
     columns = {row[0] for row in con.execute("DESCRIBE signatures").fetchall()}
     required = {"id", "source", "content_hash", "signature"} | (
-        {"shingles"} if config.verification == "exact" else set()
+        {"fingerprints"} if config.verification == "exact" else set()
     )
     if required - columns:
-        hint = " (verification: exact needs signatures computed with it)" if "shingles" in required else ""
+        hint = (
+            " (verification: exact needs signatures computed with it)" if "fingerprints" in required else ""
+        )
         raise ValueError(
             f"find_duplicate_clusters: the signatures lack columns {sorted(required - columns)}{hint}"
         )
@@ -384,16 +419,49 @@ def _check_documents(con: duckdb.DuckDBPyConnection, config: MinHashConfig, prio
         )
 
 
-def _pairs_of_bands(con: duckdb.DuckDBPyConnection, bands: range, config: MinHashConfig) -> np.ndarray:
-    """One worker: its own cursor (a connection to the same database) over its share of the bands."""
+def _pairs_of_bands(
+    con: duckdb.DuckDBPyConnection, schema: str, bands: range, config: MinHashConfig
+) -> np.ndarray:
+    """One worker: its own cursor (a connection to the same database, in `schema`) over its share of the
+    bands."""
     if not bands:
         return np.empty((0, 2), dtype=np.int64)
     with con.cursor() as cursor:
+        cursor.execute(f"USE memory.{schema}")
         return band_pairs(cursor, bands, config)
 
 
-def _jaccard(con: duckdb.DuckDBPyConnection, pairs: np.ndarray, config: MinHashConfig) -> np.ndarray:
-    """The Jaccard similarity of each (a, b) row pair: estimated, or exact on the shingle sets."""
+@contextmanager
+def _verification_values(
+    con: duckdb.DuckDBPyConnection, pairs: np.ndarray, config: MinHashConfig
+) -> Iterator[str]:
+    """The table that verification reads `similarity_column` from, by row: `docs` for signatures; with
+    `verification: exact`, the fingerprints of the candidates' rows only, fetched once from the
+    signatures by id (copying every document's set into `docs` cost more than the clustering)."""
+    if config.verification != "exact":
+        yield "docs"
+        return
+    name = f"values_{uuid.uuid4().hex}"
+    con.register(f"{name}_rows", pa.table({"row": np.unique(pairs)}))
+    try:
+        con.execute(
+            f"""
+            CREATE TEMP TABLE {name} AS
+            SELECT d.row, s.fingerprints
+            FROM {name}_rows JOIN docs AS d USING (row) JOIN signatures AS s USING (id)
+            """
+        )
+        yield name
+    finally:
+        con.unregister(f"{name}_rows")
+        con.execute(f"DROP TABLE IF EXISTS {name}")
+
+
+def _jaccard(
+    con: duckdb.DuckDBPyConnection, values: str, pairs: np.ndarray, config: MinHashConfig
+) -> np.ndarray:
+    """The Jaccard similarity of each (a, b) row pair, on the rows of `values`
+    (`_verification_values`): estimated, or exact on the shingle fingerprints."""
     column = similarity_column(config)
     view = f"pairs_{uuid.uuid4().hex}"
     con.register(view, pa.table({"i": np.arange(len(pairs)), "a": pairs[:, 0], "b": pairs[:, 1]}))
@@ -402,7 +470,7 @@ def _jaccard(con: duckdb.DuckDBPyConnection, pairs: np.ndarray, config: MinHashC
         reader = con.sql(
             f"""
             SELECT p.i, x.{column} AS x, y.{column} AS y
-            FROM {view} AS p JOIN docs AS x ON x.row = p.a JOIN docs AS y ON y.row = p.b
+            FROM {view} AS p JOIN {values} AS x ON x.row = p.a JOIN {values} AS y ON y.row = p.b
             """
         ).to_arrow_reader()
         for batch in reader:
@@ -414,25 +482,44 @@ def _jaccard(con: duckdb.DuckDBPyConnection, pairs: np.ndarray, config: MinHashC
 
 def pair_similarity(x: pa.Array, y: pa.Array, config: MinHashConfig) -> np.ndarray:
     """The Jaccard similarity of each (x[i], y[i]): estimated from signatures (equal rows / K), or exact
-    on shingle sets with `verification: exact` (the column `similarity_column` names)."""
+    on shingle fingerprints with `verification: exact` (the column `similarity_column` names)."""
     if config.verification == "exact":
-        return np.array([_exact_jaccard(a, b) for a, b in zip(x, y, strict=True)], dtype=np.float64)
+        return exact_jaccard(x, y)
     return (_matrix(x, config.num_hashes) == _matrix(y, config.num_hashes)).mean(axis=1)
 
 
 def similarity_column(config: MinHashConfig) -> str:
     """The signature column that verification compares."""
-    return "shingles" if config.verification == "exact" else "signature"
+    return "fingerprints" if config.verification == "exact" else "signature"
 
 
 def _matrix(lists: pa.ListArray, width: int) -> np.ndarray:
     return pc.list_flatten(lists).to_numpy().reshape(-1, width)
 
 
-def _exact_jaccard(x: pa.ListScalar, y: pa.ListScalar) -> float:
-    a, b = x.values.to_numpy(), y.values.to_numpy()  # distinct and sorted (minhash._distinct_shingles)
-    shared = len(np.intersect1d(a, b, assume_unique=True))
-    return shared / (len(a) + len(b) - shared)
+def exact_jaccard(x: pa.Array | pa.ChunkedArray, y: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """|X_i & Y_i| / |X_i | Y_i|, X_i and Y_i the sets of the fingerprint lists x[i] and y[i], every pair
+    at once: tag each value with its pair and side (pair << 33 | value << 1 | side), sort, drop repeats
+    (a set per side), and a value both sides hold is two neighbouring keys that differ in the side bit."""
+    if not len(x):
+        return np.empty(0, dtype=np.float64)
+    keys = np.concatenate([_tagged(x, 0), _tagged(y, 1)])
+    keys.sort()
+    keys = keys[np.concatenate([[True], keys[1:] != keys[:-1]])]
+    pair = (keys >> np.uint64(33)).astype(np.int64)
+    sizes = np.bincount(pair, minlength=len(x))  # |X_i| + |Y_i|
+    both = keys[1:][(keys[1:] ^ keys[:-1]) == np.uint64(1)]
+    shared = np.bincount((both >> np.uint64(33)).astype(np.int64), minlength=len(x))
+    return shared / np.maximum(sizes - shared, 1)
+
+
+def _tagged(lists: pa.Array | pa.ChunkedArray, side: int) -> np.ndarray:
+    if isinstance(lists, pa.ChunkedArray):
+        lists = lists.combine_chunks()
+    lengths = pc.list_value_length(lists).to_numpy(zero_copy_only=False).astype(np.int64)
+    tags = np.repeat(np.arange(len(lengths), dtype=np.uint64), lengths) << np.uint64(33)
+    values = pc.list_flatten(lists).to_numpy(zero_copy_only=False).astype(np.uint64)
+    return tags | (values << np.uint64(1)) | np.uint64(side)
 
 
 def _components(parent: np.ndarray, edges: np.ndarray) -> np.ndarray:
@@ -454,7 +541,42 @@ def _components(parent: np.ndarray, edges: np.ndarray) -> np.ndarray:
         np.minimum.at(parent, np.maximum(root_a, root_b)[apart], np.minimum(root_a, root_b)[apart])
 
 
-def _cluster_table(con: duckdb.DuckDBPyConnection, root: np.ndarray, config: MinHashConfig) -> pa.Table:
+def _known_or_compared(
+    con: duckdb.DuckDBPyConnection,
+    values: str,
+    pairs: np.ndarray,
+    known: tuple[np.ndarray, np.ndarray],
+    config: MinHashConfig,
+) -> np.ndarray:
+    """The similarity of each (a, b) row pair, a < b: looked up among `known` (distinct pairs sorted
+    as `np.unique` leaves them, and their similarity), else compared."""
+    known_pairs, known_similarity = known
+    key, known_key = _pair_keys(pairs), _pair_keys(known_pairs)
+    at = np.minimum(np.searchsorted(known_key, key), max(len(known_key) - 1, 0))
+    found = known_key[at] == key if len(known_key) else np.zeros(len(key), dtype=bool)
+    similarity = np.empty(len(pairs), dtype=np.float64)
+    similarity[found] = known_similarity[at[found]]
+    similarity[~found] = _jaccard(con, values, pairs[~found], config)
+    return similarity
+
+
+def _pair_keys(pairs: np.ndarray) -> np.ndarray:
+    """(a, b) as a << 32 | b: sorted as the pairs sort (a clustering holds under 2^32 rows)."""
+    return (pairs[:, 0].astype(np.uint64) << np.uint64(32)) | pairs[:, 1].astype(np.uint64)
+
+
+def _cluster_table(
+    con: duckdb.DuckDBPyConnection,
+    values: str,
+    root: np.ndarray,
+    exact_root: np.ndarray,
+    verified: tuple[np.ndarray, np.ndarray],
+    config: MinHashConfig,
+) -> pa.Table:
+    """The cluster rows. A near duplicate's `jaccard` is its survivor's with its exact group's
+    representative (the same words, so the same signature and fingerprints), which some candidate
+    pair holds, so `values` has it; most such pairs were candidates themselves (`verified`: pairs and
+    their similarity), and only the others (reached through a chain) are compared here."""
     con.register("roots", pa.table({"row": np.arange(len(root)), "root": root}))
     near = con.execute(
         """
@@ -462,8 +584,10 @@ def _cluster_table(con: duckdb.DuckDBPyConnection, root: np.ndarray, config: Min
         WHERE r.row != r.root AND d.content_hash != s.content_hash
         """
     ).fetchnumpy()
-    near_pairs = np.stack([near["row"], near["root"]], axis=1).astype(np.int64).reshape(-1, 2)
-    con.register("near", pa.table({"row": near_pairs[:, 0], "jaccard": _jaccard(con, near_pairs, config)}))
+    rows = near["row"].astype(np.int64)
+    near_pairs = np.stack([near["root"], exact_root[rows]], axis=1).astype(np.int64).reshape(-1, 2)
+    jaccard = _known_or_compared(con, values, near_pairs, verified, config)
+    con.register("near", pa.table({"row": rows, "jaccard": jaccard}))
     table = con.sql(
         """
         SELECT d.id, d.source, s.id AS cluster_id, d.row = r.root AS is_survivor,

@@ -354,6 +354,28 @@ def _read_part(part: Part, lake_url: str, columns: list[str]) -> pa.Table:
     return pa.concat_tables(tables).combine_chunks() if tables else pa.table({c: [] for c in columns})
 
 
+def _rows_of_part(part: Part, lake_url: str, column: str, rows: np.ndarray) -> pa.Array:
+    """`column` at the part's `rows` (any order, repeats allowed), read one file at a time so that only
+    the rows taken are held: with `verification: exact` the column holds every shingle's fingerprint,
+    several times a signature's size, and a part's candidates are a fraction of its rows."""
+    lake = Lake(lake_url)
+    file_of = np.searchsorted(np.cumsum([f.rows for f in part.files]), rows, side="right")
+    taken, order, start = [], [], 0
+    for i, file in enumerate(part.files):
+        mine = np.flatnonzero(file_of == i)
+        if len(mine):
+            values = lake.read_file(file.path, [column])[column].combine_chunks()
+            taken.append(values.take(rows[mine] - start))
+            order.append(mine)
+        start += file.rows
+    if not taken:
+        with lake.fs.open(part.files[0].path, "rb") as handle:
+            return pa.array([], pq.ParquetFile(handle).schema_arrow.field(column).type)
+    back = np.empty(len(rows), dtype=np.int64)
+    back[np.concatenate(order)] = np.arange(len(rows))
+    return pa.concat_arrays(taken).take(back)
+
+
 def _part_of(nodes: np.ndarray, starts: np.ndarray) -> np.ndarray:
     return np.searchsorted(starts, nodes, side="right") - 1
 
@@ -462,9 +484,8 @@ def _attach_left(
     """Step 3a: each candidate whose first node is in this part, with that node's signature, split by
     the part of its second node."""
     found = np.concatenate(pairs) if pairs else np.empty((0, 2), dtype=np.int64)
-    column = similarity_column(config)
-    values = _read_part(part, lake_url, [column])[column]
-    table = pa.table({"a": found[:, 0], "b": found[:, 1], "x": values.take(found[:, 0] - part.start)})
+    values = _rows_of_part(part, lake_url, similarity_column(config), found[:, 0] - part.start)
+    table = pa.table({"a": found[:, 0], "b": found[:, 1], "x": values})
     return _split_table(table, _part_of(found[:, 1], starts), len(starts))
 
 
@@ -475,10 +496,9 @@ def _verify(
     of this part's members: the part's edge partition, then the nodes it holds split by part."""
     left, exact = inputs[:n_left], inputs[n_left:]
     candidates = pa.concat_tables(left).combine_chunks()
-    column = similarity_column(config)
-    values = _read_part(part, lake_url, [column])[column]
     b = candidates["b"].to_numpy()
-    similarity = pair_similarity(candidates["x"], values.take(b - part.start), config)
+    values = _rows_of_part(part, lake_url, similarity_column(config), b - part.start)
+    similarity = pair_similarity(candidates["x"], values, config)
     keep = similarity >= config.jaccard_threshold
     verified = np.column_stack([candidates["a"].to_numpy()[keep], b[keep]])
     return edge_partition(np.concatenate([verified.reshape(-1, 2), *exact]).astype(np.int64), starts)
@@ -524,7 +544,7 @@ def _members(
     priority, arrival and id, content hash and signature, split by the component's part."""
     touched = np.unique(np.concatenate(requests)) if requests else np.empty(0, dtype=np.int64)
     column = similarity_column(config)
-    table = _read_part(part, lake_url, ["id", "source", "content_hash", column]).take(touched - part.start)
+    table = _read_part(part, lake_url, ["id", "source", "content_hash"]).take(touched - part.start)
     component = labels[touched - part.start]
     rank = pc.index_in(table["source"], value_set=pa.array(priority, pa.string()))
     arrival = np.repeat([f.arrival for f in part.files], [f.rows for f in part.files]).astype(np.int64)
@@ -537,7 +557,7 @@ def _members(
             "source": table["source"],
             "node": touched,
             "content_hash": table["content_hash"],
-            "value": table[column],
+            "value": _rows_of_part(part, lake_url, column, touched - part.start),
         }
     )
     return _split_table(members, _part_of(component, starts), len(starts))
