@@ -18,8 +18,9 @@ does the heavy lifting, so it can spill to disk when the signatures outgrow memo
    threads share them out, each with its own DuckDB cursor (at scale, Ray tasks or machines, each a
    list of bands; only their pairs travel; `partitioned` shuffles the buckets instead).
 4. Verify: each distinct candidate pair joins a cluster only if its Jaccard similarity reaches the
-   threshold: estimated from the full signatures (equal rows / K) by default, or exact on the stored
-   shingle fingerprints with `verification: exact`. Signatures stream through in record batches.
+   threshold: exact on the stored shingle fingerprints by default (the candidates' rows only are
+   read), or estimated from the full signatures (equal rows / K) with `verification: estimated`.
+   Candidate pairs stream through in record batches.
 5. Union-find over the verified pairs, started from the exact groups (numpy; see `_components`).
 
 This is the single-process reference: the pipeline clusters in partitions on Ray
@@ -316,9 +317,9 @@ def _ranked_documents(
     In memory, spilling to a temporary folder: DuckDB evicts an in-memory database's tables to its
     `temp_directory` as it does a file's, without a file's storage costs (its compression on write and
     checkpoint on close took a quarter of clustering 3,420 signatures). The database is the process's
-    (`_database`); the schema is this clustering's, dropped at its end.
+    (`_cursor`); the schema is this clustering's, dropped at its end.
     """
-    with _database(work_dir).cursor() as con:
+    with _cursor(work_dir) as con:
         schema = f"clustering_{uuid.uuid4().hex}"
         con.execute(f"CREATE SCHEMA {schema}; USE memory.{schema}")
         try:
@@ -334,14 +335,16 @@ _DATABASES: dict[str | None, tuple[duckdb.DuckDBPyConnection, tempfile.Temporary
 _DATABASES_LOCK = threading.Lock()
 
 
-def _database(work_dir: str | Path | None) -> duckdb.DuckDBPyConnection:
+def _cursor(work_dir: str | Path | None) -> duckdb.DuckDBPyConnection:
+    """A new connection to the process's database for `work_dir`, opened on first use. Made under the
+    lock: the shared connection refuses a second call while one is under way."""
     key = None if work_dir is None else str(work_dir)
     with _DATABASES_LOCK:
         if key not in _DATABASES:
             folder = tempfile.TemporaryDirectory(dir=work_dir)
             con = duckdb.connect(":memory:", config={"temp_directory": folder.name})
             _DATABASES[key] = (con, folder)
-        return _DATABASES[key][0]
+        return _DATABASES[key][0].cursor()
 
 
 def _ranked_in(
