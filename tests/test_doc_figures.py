@@ -52,8 +52,10 @@ MEASURED = {
 }
 PATTERN = re.compile("|".join(f"(?P<g{i}>{regex})" for i, regex in enumerate(MEASURED.values())))
 NAMES = list(MEASURED)
-# Words just before a figure (or inside its match: `precision >= 0.98`) that make it a goal or a limit.
-GOAL = re.compile(r"\b(?:goal|target|at most|at least|no more than|within|limit)\b|>=|<=|≥|≤")
+# Words just before a figure (or inside its match: `precision >= 0.98`) that make it a goal, a limit or a
+# timeout setting (`within the timeouts (connect 5.0 s, read 10.0 s` quotes an error message's settings).
+GOAL = re.compile(r"\b(?:goal|target|at most|at least|no more than|within|limit|timeouts?)\b|>=|<=|≥|≤")
+GOAL_WINDOW = 40  # characters before a figure searched for those words
 
 
 def outside_blocks(text: str) -> str:
@@ -65,7 +67,7 @@ def hand_written_figures(page: str, text: str) -> list[str]:
     found = []
     for number, line in enumerate(outside_blocks(text).replace("**", "").splitlines(), start=1):
         for match in PATTERN.finditer(line):
-            if GOAL.search(line[max(0, match.start() - 30) : match.end()]):
+            if GOAL.search(line[max(0, match.start() - GOAL_WINDOW) : match.end()]):
                 continue
             kind = NAMES[int(match.lastgroup[1:])]
             found.append(f"{page}:{number}: {kind} {match[0]!r} in: {line.strip()[:160]}")
@@ -119,6 +121,7 @@ def test_the_patterns_catch_hand_copied_figures_and_pass_settings() -> None:
         "the reaper runs every 60 s; the test holds it to 30 s and 400 MB",
         "a 95% bootstrap interval; at most 1% of its exits",
         "names such as ../../../tmp/x are refused",
+        "no reply within the timeouts (connect 5.0 s, read 10.0 s, 2 attempts)",
         "~1.6 x 10^9 documents",
     ]
     for line in measured:
