@@ -14,7 +14,8 @@ which gives the curated mixture, the neutral set and the curated proxy of the co
 (`moe_proxy`); the unfiltered mixture by `build_unfiltered_mixture` (what the `unfiltered_mixture` asset
 calls); then for every other (seed, mixture) the trainer's command line with the demo's resolved training
 config and `train.seed` = seed (what `moe_proxy` and `curation_gain` launch, without Dagster Pipes); every
-run scored at its last two checkpoints by `evaluate_on_sets` on both sets, as the asset scores them.
+run scored at its last two checkpoints (`--checkpoints`) by `evaluate_on_sets` on both sets, as the asset
+scores them.
 
 Per set: the gain (unfiltered bits per byte - curated, averaged over sources; positive: curation helps)
 from the runs paired by seed and by document (`compare.paired_gain`: the interval counts the documents'
@@ -98,7 +99,6 @@ STAGES = {
 LAST_STAGE = "scored_documents"
 KEPT = "kept"  # the fate of a document every stage kept
 WORST = 10  # documents listed in `worst_documents`
-CHECKPOINTS = 2  # scored per run, newest first: the verdict reads the gain's trend between them
 SUMMARY_FILE = "summary.json"  # what the trainer writes when a run finishes
 
 
@@ -236,9 +236,9 @@ def worst_documents(
     ]
 
 
-def scored_steps(run: Path) -> list[int]:
-    """The steps of the checkpoints `evaluate_on_sets` scores."""
-    return [int(checkpoint.name.removeprefix("step_")) for checkpoint in list_checkpoints(run)[-CHECKPOINTS:]]
+def scored_steps(run: Path, checkpoints: int) -> list[int]:
+    """The steps of the newest `checkpoints` checkpoints, those `evaluate_on_sets` scores."""
+    return [int(checkpoint.name.removeprefix("step_")) for checkpoint in list_checkpoints(run)[-checkpoints:]]
 
 
 def _round(values, digits: int = 4) -> list[float]:
@@ -251,6 +251,9 @@ def main() -> None:
     parser.add_argument(
         "--ablate", nargs="*", choices=list(STAGES), default=[], help="stages to remove, one at a time"
     )
+    # Two, as the asset scores: the verdict reads the gain's trend between them. Scoring the neutral set
+    # takes longer than training on 2 loaded cores; one halves it, and the verdict then names no trend.
+    parser.add_argument("--checkpoints", type=int, default=2, help="checkpoints scored per run, newest first")
     parser.add_argument(
         "--keep", type=Path, help="work in this folder and leave it (default: a temporary one)"
     )
@@ -290,14 +293,16 @@ def main() -> None:
                     train_proxy(launch, seed, data_dir, run)
                 print(f"{name} seed {seed}: trained in {summary(run)['wall_seconds']:.0f} s", flush=True)
                 if name in (CURATED, UNFILTERED):
-                    evaluate_on_sets(run, sets, checkpoints=CHECKPOINTS, device="cpu")
+                    evaluate_on_sets(run, sets, checkpoints=args.checkpoints, device="cpu")
                 else:
                     # An ablation is read on the neutral set (the held-out set favours every curation
                     # alike) at the budget trained: scoring is most of a run's time on 2 CPU cores.
                     evaluate_on_sets(run, {NEUTRAL_SET: sets[NEUTRAL_SET]}, device="cpu")
                 runs[name].append(run)
         steps = sorted(
-            set.intersection(*(set(scored_steps(run)) for run in runs[CURATED] + runs[UNFILTERED]))
+            set.intersection(
+                *(set(scored_steps(run, args.checkpoints)) for run in runs[CURATED] + runs[UNFILTERED])
+            )
         )
 
         trained = [summary(run) for group in runs.values() for run in group]
