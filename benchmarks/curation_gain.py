@@ -39,12 +39,13 @@ document of the demo corpus is most of its tokens), so their verdicts name no tr
 JSON: `bench`, `seeds`, `steps`, `tokens`, `gain_neutral`, `gain_neutral_ci`, `gain_heldout`,
 `gain_heldout_ci`, and per set (`gain_neutral_...`, `gain_heldout_...`) `per_seed`, `median`,
 `ci_documents` (the documents' noise alone), `seed_share`, `resolved`, `steps_to_resolve`, `verdict`;
-then `neutral_documents`, `heldout_documents`, `by_source` (per set and source both models' bits per byte
-and the gain), `neutral_by_fate`, `worst_documents`, `ablation` (with `--ablate`), `build_s`, `train_s`
-(one proxy's training, mean), `wall_s`.
+then `neutral_documents`, `heldout_documents`, `by_source` (per set and source: documents, bytes, both
+models' bits per byte, the gain and its interval, and each document counting once the median document
+gain and `curated_better_share`), `neutral_by_fate` (the same per fate), `worst_documents`, `ablation`
+(with `--ablate`), `build_s`, `train_s` (one proxy's training, mean), `wall_s`.
 
-    .venv/bin/python -m benchmarks.curation_gain [--seeds 2] [--ablate prefilter dedup toxicity quality]
-        [--keep DIR]
+    .venv/bin/python -m benchmarks.curation_gain [--seeds 2] [--checkpoints 2]
+        [--ablate prefilter dedup toxicity quality] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -194,19 +195,29 @@ def paired(base: list[Path], other: list[Path], name: str, steps: list[int], wha
 
 def grouped(curated: list[pa.Table], unfiltered: list[pa.Table], groups: list[str] | None = None) -> dict:
     """Per source (or per `groups`, one label a document in the tables' order): both models' bits per
-    byte averaged over seeds and the gain with its paired interval over documents."""
+    byte averaged over seeds and the gain with its paired interval over documents, all weighted by bytes;
+    and, each document counting once, the median of the documents' gains and the share of documents the
+    curated proxy predicts better (one long document can carry a byte-weighted figure alone)."""
     curated_mean, unfiltered_mean = mean_document_losses(curated), mean_document_losses(unfiltered)
     if groups is not None:
         index = curated_mean.schema.get_field_index("source")
         curated_mean = curated_mean.set_column(index, "source", pa.array(groups))
         unfiltered_mean = unfiltered_mean.set_column(index, "source", pa.array(groups))
+    bytes_N = curated_mean["num_bytes"].to_numpy()
+    gain_N = (
+        (unfiltered_mean["nll_nats"].to_numpy() - curated_mean["nll_nats"].to_numpy()) / math.log(2) / bytes_N
+    )
+    labels_N = np.asarray(curated_mean["source"].to_pylist())
     return {
         group: {
             "documents": figures["documents"],
+            "bytes": int(bytes_N[labels_N == group].sum()),
             "curated": round(figures["proxy_bits_per_byte"], 4),
             "unfiltered": round(figures["baseline_bits_per_byte"], 4),
             "gain": round(figures["gain"], 4),
             "gain_ci": _round(figures["gain_ci"]),
+            "median_document_gain": round(float(np.median(gain_N[labels_N == group])), 4),
+            "curated_better_share": round(float(np.mean(gain_N[labels_N == group] > 0)), 3),
         }
         for group, figures in compare_runs(curated_mean, unfiltered_mean)["sources"].items()
     }
