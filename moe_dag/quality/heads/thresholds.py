@@ -12,6 +12,17 @@ larger share. Each side is bounded alike: at most `max_exit_error` of its exits 
 decided otherwise. `keep_exits: false` keeps only the drop side, so every kept document carries the
 judge's scores.
 
+With `exit_bound: decisions` the bound is on the goal's own measure instead: at most
+`max_decisions_changed` of all the calibration documents are exits the judge would decide otherwise,
+counted over both sides, and tau_drop and tau_pass are chosen together to let the most documents leave
+(`_exits_within_decisions`). A per-side bound of 1% of exits spends little of a 1% budget of decisions:
+it needs 100 clean exits per overturned one, and stops a side at its first overturned document when the
+exits are fewer. The allowance is the most overturned documents whose exact bound at `exit_z` stays
+within the share (`allowed_changes`), less `exit_margin`: the search ends each side just before an
+overturned document, an edge new documents do not respect, so on synthetic scores a margin of none let
+the share on new documents pass 1% in 17-20% of calibrations at 90%, and a margin of 2 (one a side) in
+5% (`tests/test_calibration_decisions.py`).
+
 How many documents: tau_keep is a quantile, and the keep rate it gives on new documents of the source
 is off by about z * sqrt(p (1 - p) / n) for keep rate p and n calibration documents. So each source's
 calibration sample is sized from the configured precision (`calibration_sample_size`): +-0.03 at 95%
@@ -83,6 +94,13 @@ class CalibrationConfig:
     # confidence). The bound is the exact (Clopper-Pearson) binomial one, and exit sets are tested in a
     # fixed order (see `_longest_exit`), so the share on new documents stays within it at that confidence.
     exit_z: float = 1.28
+    # What the bound is on: "exits", at most `max_exit_error` of each side's exits (above); "decisions",
+    # at most `max_decisions_changed` of all the calibration documents are exits the judge would decide
+    # otherwise (the share of decisions early exit changes), at `exit_z` and less `exit_margin` such
+    # documents, the two sides chosen together to let the most documents leave.
+    exit_bound: str = "exits"
+    max_decisions_changed: float = 0.01
+    exit_margin: int = 0
     # Also keep at the probe (tau_pass); false: only drops exit, and every kept document has judge scores.
     keep_exits: bool = True
     # Thresholds per language inside a source, for languages with at least this many calibration
@@ -103,6 +121,13 @@ class CalibrationConfig:
             raise ValueError(f"max_exit_error must be in [0, 1), got {self.max_exit_error}")
         if self.z <= 0 or self.exit_z < 0:
             raise ValueError(f"z must be > 0 and exit_z >= 0, got {self.z}, {self.exit_z}")
+        if self.exit_bound not in ("exits", "decisions"):
+            raise ValueError(f"exit_bound must be exits or decisions, got {self.exit_bound!r}")
+        if not 0.0 <= self.max_decisions_changed < 1.0 or self.exit_margin < 0:
+            raise ValueError(
+                "max_decisions_changed must be in [0, 1) and exit_margin >= 0, got "
+                f"{self.max_decisions_changed}, {self.exit_margin}"
+            )
         if self.min_unseen_per_language < 0:
             raise ValueError(f"min_unseen_per_language must be >= 0, got {self.min_unseen_per_language}")
         if min(self.min_documents_per_language, self.min_documents_per_script) < 2:
@@ -380,20 +405,62 @@ def _exit_thresholds(probe: np.ndarray, kept_by_judge: np.ndarray, config: Calib
     thresholds: dict = {}
     ascending = np.argsort(probe, kind="stable")
     ranked = probe[ascending]
-    drops = _longest_exit(ranked, kept_by_judge[ascending], config)
+    if config.exit_bound == "decisions":
+        drops, passes = _exits_within_decisions(ranked, kept_by_judge[ascending], config)
+    else:
+        drops = _longest_exit(ranked, kept_by_judge[ascending], config)
+        passes = 0
+        if config.keep_exits and drops < n:
+            descending = ascending[drops:][::-1]  # what tau_drop leaves, surest keep first
+            passes = _longest_exit(probe[descending], ~kept_by_judge[descending], config)
     if drops:
         # Past the end: scores may be centred (language groups), so no clamp to [0, 1].
         thresholds["tau_drop"] = _split_after(ranked, drops, ranked[-1] + 1e-6)
         thresholds["drop_exit_rate"] = drops / n
         thresholds["drop_exit_error"] = float(kept_by_judge[ascending[:drops]].mean())
-
-    if config.keep_exits and drops < n:
-        descending = ascending[drops:][::-1]  # what tau_drop leaves, surest keep first
+    if passes:
+        descending = ascending[drops:][::-1]
         ranked = probe[descending]
-        passes = _longest_exit(ranked, ~kept_by_judge[descending], config)
-        if passes:
-            tau_pass = _split_after(ranked, passes, ranked[-1] - 1e-6)
-            thresholds["tau_pass"] = max(tau_pass, thresholds.get("tau_drop", -math.inf))
-            thresholds["keep_exit_rate"] = passes / n
-            thresholds["keep_exit_error"] = float((~kept_by_judge[descending[:passes]]).mean())
+        tau_pass = _split_after(ranked, passes, ranked[-1] - 1e-6)
+        thresholds["tau_pass"] = max(tau_pass, thresholds.get("tau_drop", -math.inf))
+        thresholds["keep_exit_rate"] = passes / n
+        thresholds["keep_exit_error"] = float((~kept_by_judge[descending[:passes]]).mean())
     return thresholds
+
+
+def allowed_changes(n: int, config: CalibrationConfig) -> int:
+    """The most documents of `n` the exits may hand a decision the judge would not make (`exit_bound:
+    decisions`): the largest count whose bound at `exit_z` is within `max_decisions_changed`, less
+    `exit_margin`; -1 when not even none is."""
+    counts = np.arange(n + 1)
+    bound = _exit_error_bound(counts.astype(np.float64), np.full(n + 1, float(n)), config.exit_z)
+    within = np.flatnonzero(bound <= config.max_decisions_changed + 1e-12)
+    return int(within[-1]) - config.exit_margin if len(within) else -1
+
+
+def _exits_within_decisions(
+    ranked_probe: np.ndarray, kept_by_judge: np.ndarray, config: CalibrationConfig
+) -> tuple[int, int]:
+    """(drops, passes): the most documents, the lowest `drops` and the highest `passes` of the probe's
+    ranking, that can leave at the probe with at most `allowed_changes` of them decided otherwise by the
+    judge (kept ones among the drops, dropped ones among the passes), each end where a threshold can
+    split the ranking."""
+    n = len(ranked_probe)
+    allowed = allowed_changes(n, config)
+    if allowed < 0 or n == 0:
+        return 0, 0
+    # Overturned among the first d drops and the first p passes, for d, p in 0..n.
+    drop_errors = np.concatenate([[0], np.cumsum(kept_by_judge)])
+    pass_errors = np.concatenate([[0], np.cumsum(~kept_by_judge[::-1])])
+    splits = np.append(ranked_probe[:-1] != ranked_probe[1:], True)
+    drop_ok = np.concatenate([[True], splits])  # d documents can leave below a threshold
+    pass_ok = np.concatenate([[True], splits[::-1][1:], [True]])  # p from the top, likewise
+    if not config.keep_exits:
+        pass_ok[1:] = False
+    last_pass_ok = np.maximum.accumulate(np.where(pass_ok, np.arange(n + 1), 0))
+    drops = np.flatnonzero(drop_ok & (drop_errors <= allowed))
+    room = allowed - drop_errors[drops]
+    passes = np.searchsorted(pass_errors, room, side="right") - 1
+    passes = last_pass_ok[np.minimum(passes, n - drops)]
+    best = int(np.argmax(drops + passes))
+    return int(drops[best]), int(passes[best])
