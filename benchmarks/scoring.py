@@ -74,6 +74,7 @@ from moe_dag.config import PipelineConfig, load_config
 from moe_dag.curation.demo_corpus.gettext_text import intl_documents
 from moe_dag.curation.demo_corpus.python_text import code_documents, prose_documents
 from moe_dag.quality.heads import (
+    Thresholds,
     calibrate_source,
     calibration_sample_size,
     heldout_keep_f1,
@@ -226,6 +227,14 @@ def held_out_changes(
     }
 
 
+def judge_everywhere(thresholds: Thresholds) -> Thresholds:
+    """`thresholds` without early exit, for the source and each of its language groups (a group left with
+    its own tau_drop and tau_pass would let its documents leave in the baseline too)."""
+    no_exit = {"tau_drop": -math.inf, "tau_pass": None}
+    groups = {language: replace(t, **no_exit) for language, t in thresholds.languages.items()}
+    return replace(thresholds, **no_exit, languages=groups)
+
+
 def timed(fn: Callable[[], pa.Table], wall: list[float], cpu: list[float]) -> pa.Table:
     started_wall, started_cpu = time.perf_counter(), time.process_time()
     result = fn()
@@ -313,7 +322,7 @@ def main(
 
     by_source = {s: documents.filter(pc.equal(documents["source"], s)) for s in config.source_names}
     sides = {
-        "judge_everywhere": {s: replace(t, tau_drop=-math.inf, tau_pass=None) for s, t in thresholds.items()},
+        "judge_everywhere": {s: judge_everywhere(t) for s, t in thresholds.items()},
         "early_exit": thresholds,
     }
     batch = config.backbone.batch_size
