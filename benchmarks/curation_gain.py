@@ -67,7 +67,7 @@ import yaml
 
 from benchmarks._smoke import parse_with_smoke
 from benchmarks.incremental import demo_config
-from moe_dag.assets.training_runs import RUN_CONFIG_FILE, latest_run, write_run_config
+from moe_dag.assets.training_runs import RUN_CONFIG_FILE, latest_run, run_dir_for, write_run_config
 from moe_dag.config import TrainingLaunchConfig, load_config
 from moe_dag.curation.demo_corpus import DemoCorpusConfig, build_demo_corpus
 from moe_dag.curation.fits import decisions
@@ -105,14 +105,17 @@ SUMMARY_FILE = "summary.json"  # what the trainer writes when a run finishes
 
 def build_lake(folder: Path, smoke: bool) -> tuple[Path, Lake, list[str]]:
     """The demo graph materialised under `folder` (its corpus built first): config path, lake, sources.
-    The Dagster instance lives in `folder` too, so a second run in a kept folder redoes nothing."""
+    The Dagster instance lives in `folder` too, so a second run in a kept folder redoes only what is
+    stale; with `refresh`, the mixture and `moe_proxy` follow any new curation decisions (code edited
+    since), which a refresh policy would otherwise leave for later, so the curated mixture is always the
+    one the stages' decisions give."""
     config_path = demo_config(folder, smoke)
     raw = yaml.safe_load(config_path.read_text())
     if not (folder / "corpus").exists():
         build_demo_corpus(folder / "corpus", DemoCorpusConfig(**raw["demo_corpus"]))
     (folder / "dagster").mkdir(exist_ok=True)
     instance = dg.DagsterInstance.local_temp(str(folder / "dagster"))
-    materialize_all(str(config_path), instance=instance, comparisons=False)
+    materialize_all(str(config_path), instance=instance, comparisons=False, refresh=True)
     return config_path, Lake(raw["lake_root"]), [source["name"] for source in raw["sources"]]
 
 
@@ -150,20 +153,23 @@ def mixture_without(
     return out
 
 
-def train_proxy(launch: TrainingLaunchConfig, seed: int, data_dir: Path, out: Path) -> None:
-    """Train the demo's proxy with `seed` on `data_dir` into `out` by the trainer's command line, with the
-    resolved config `moe_proxy` hands it. A run that finished (a kept folder's) is left as it is; one
-    that was cut resumes from its last checkpoint."""
+def train_proxy(launch: TrainingLaunchConfig, seed: int, data_dir: Path, runs: Path) -> Path:
+    """Train the demo's proxy with `seed` on `data_dir` by the trainer's command line, with the resolved
+    config `moe_proxy` hands it, in the folder under `runs` that `moe_proxy` would name (a digest of the
+    mixture and the config). A finished run there (a kept folder's) is reused; a cut one resumes."""
+    seeded = launch.with_overrides({"train.seed": seed})
+    out = run_dir_for(data_dir, seeded, runs)
     if (out / SUMMARY_FILE).exists():
-        return
+        return out
     out.mkdir(parents=True, exist_ok=True)
-    write_run_config(launch.with_overrides({"train.seed": seed}), out)
+    write_run_config(seeded, out)
     command = [sys.executable, "-m", "moe_dag.training", "--data", str(data_dir), "--out", str(out)]
     command += ["--config", str(out / RUN_CONFIG_FILE), "--nproc-per-node", str(launch.nproc_per_node)]
     with (out / "train.log").open("w") as log:
         done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT)
     if done.returncode:
         raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}); see {out / 'train.log'}")
+    return out
 
 
 def summary(run: Path) -> dict:
@@ -300,8 +306,7 @@ def main() -> None:
                 if name == CURATED and seed == launch.seed:
                     run = latest_run(lake.artifact_dir("moe_proxy"))  # the graph's own, this very run
                 else:
-                    run = work / "runs" / name / f"seed_{seed}"
-                    train_proxy(launch, seed, data_dir, run)
+                    run = train_proxy(launch, seed, data_dir, work / "runs" / name)
                 print(f"{name} seed {seed}: trained in {summary(run)['wall_seconds']:.0f} s", flush=True)
                 if name in (CURATED, UNFILTERED):
                     evaluate_on_sets(run, sets, checkpoints=args.checkpoints, device="cpu")
