@@ -274,7 +274,7 @@ def main() -> None:
     parser.add_argument(
         "--keep", type=Path, help="work in this folder and leave it (default: a temporary one)"
     )
-    args = parse_with_smoke(parser, {"seeds": 2, "ablate": ["quality"]})
+    args = parse_with_smoke(parser, {"seeds": 2, "ablate": [], "checkpoints": 1})
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="moe-dag-curation-gain-") as scratch:
         work = args.keep or Path(scratch)
