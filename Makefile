@@ -34,6 +34,8 @@ runtime: $(BIN)/.installed $(DAGSTER_HOME)/dagster.yaml
 # constraints pip is configured with (pip.conf files and PIP_* variables), and it picks the best version
 # over all of them, as pip does. `make setup UV=` installs with pip alone.
 UV_ON_PATH := $(shell command -v uv 2>/dev/null)
+# The installer is pinned like what it installs: a newer uv could read the locks differently.
+UV_VERSION ?= 0.13.9
 UV ?= $(or $(UV_ON_PATH),$(BIN)/uv)
 UV_SOURCES = --index-strategy unsafe-best-match $$($(PYTHON) -c "$$PIP_SOURCES_FOR_UV" $(1))
 INSTALL_INTO = $(if $(UV),$(UV) pip install --quiet --python $(1)/bin/python $(if $(PYTHONDONTWRITEBYTECODE),--compile-bytecode) \
@@ -78,7 +80,7 @@ export PIP_SOURCES_FOR_UV
 # --require-hashes is left off because it also refuses the machine's unpinned pip constraints.
 $(BIN)/.venv-ready:
 	test -x $(BIN)/python || $(NEW_VENV)
-	$(if $(filter $(BIN)/uv,$(UV)),test -x $(BIN)/uv || $(BIN)/pip install --quiet --no-compile uv)
+	$(if $(filter $(BIN)/uv,$(UV)),test -x $(BIN)/uv || $(BIN)/pip install --quiet --no-compile uv==$(UV_VERSION))
 	touch $@
 
 $(BIN)/.installed: pyproject.toml $(RUNTIME_LOCK) | $(BIN)/.venv-ready
