@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +25,7 @@ from moe_dag.orchestration.definitions import build_definitions  # noqa: E402
 from moe_dag.storage.lake import Lake  # noqa: E402
 from moe_dag.storage.object_store import S3_CONFIG_ENV, ObjectStoreError  # noqa: E402
 from moe_dag.storage.readers import list_shards, read_shard, read_shards  # noqa: E402
+from tests.local_processes import free_port  # noqa: E402
 from tests.pipeline_configs import edited_config  # noqa: E402
 from tests.test_dedup_backfill import sentence_text  # noqa: E402
 
@@ -161,6 +161,15 @@ def test_raw_documents_and_prefiltered_read_shards_from_s3_as_from_disk(corpus, 
     assert {f"{SOURCE}/short0", f"{SOURCE}/short10"} <= dropped
 
 
+def listing_failure(result: dg.ExecuteInProcessResult, location: str) -> str:
+    """The one failure's message, which says the source's shards could not be listed."""
+    message = only_failure(result)
+    assert message.startswith(
+        f"ObjectStoreError: source '{SOURCE}': could not list the shards under {location}:"
+    )
+    return message
+
+
 def test_refused_credentials_fail_the_source_once_and_write_nothing(s3_server, corpus, tmp_path, monkeypatch):
     location, _ = corpus
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAWRONGKEY")
@@ -173,10 +182,7 @@ def test_refused_credentials_fail_the_source_once_and_write_nothing(s3_server, c
         s3_server.require_credentials(False)
         s3fs.S3FileSystem.clear_instance_cache()
     assert not result.success
-    message = only_failure(result)
-    assert message.startswith(
-        f"ObjectStoreError: source '{SOURCE}': could not list the shards under {location}:"
-    )
+    message = listing_failure(result, location)
     assert f"the endpoint {s3_server.endpoint} refused the credentials" in message
     assert "check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" in message
     assert_nothing_written(tmp_path)
@@ -184,19 +190,14 @@ def test_refused_credentials_fail_the_source_once_and_write_nothing(s3_server, c
 
 def test_an_unreachable_endpoint_fails_the_source_once_and_writes_nothing(corpus, tmp_path, monkeypatch):
     location, _ = corpus
-    with socket.socket() as probe:  # a port nothing listens on once the probe is closed
-        probe.bind(("127.0.0.1", 0))
-        closed = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    closed = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     monkeypatch.setenv("AWS_ENDPOINT_URL", closed)
     s3fs.S3FileSystem.clear_instance_cache()
     try:
         result = materialize(pipeline_config(tmp_path, location), ["raw_documents"])
     finally:
         s3fs.S3FileSystem.clear_instance_cache()
-    message = only_failure(result)
-    assert message.startswith(
-        f"ObjectStoreError: source '{SOURCE}': could not list the shards under {location}:"
-    )
+    message = listing_failure(result, location)
     assert f"cannot connect to the endpoint {closed}" in message
     assert "check AWS_ENDPOINT_URL" in message
     assert_nothing_written(tmp_path)
