@@ -2,7 +2,6 @@
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.local_processes import free_port
 from tests.pipeline_configs import demo_config
 
 # The tests run many small tensor ops. On a shared 2-core machine torch's intra-op threads wait on
@@ -75,9 +75,7 @@ def s3_server() -> Iterator[S3Server]:
     """A real S3 server (moto's) on a free port of this machine, one per test module."""
     pytest.importorskip("moto.server")
     pytest.importorskip("s3fs")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     server = S3Server(f"http://127.0.0.1:{port}", process)
