@@ -57,23 +57,28 @@ import argparse
 import gzip
 import json
 import math
+import os
 import random
 import statistics
 import time
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import torch
 
 from benchmarks._smoke import parse_with_smoke
 from moe_dag.config import PipelineConfig, load_config
 from moe_dag.curation.demo_corpus.gettext_text import intl_documents
 from moe_dag.curation.demo_corpus.python_text import code_documents, prose_documents
 from moe_dag.quality.heads import (
+    Backbone,
+    QualityHeads,
     Thresholds,
     calibrate_source,
     calibration_sample_size,
@@ -243,37 +248,68 @@ def timed(fn: Callable[[], pa.Table], wall: list[float], cpu: list[float]) -> pa
     return result
 
 
-def main(
-    config_path: str,
-    per_source: int,
-    repeats: int,
-    labels: int | None,
-    epochs: int | None,
-    layers: tuple[int | None, int | None],
-    corpus: str = "demo",
-) -> dict[str, object]:
-    config = load_config(config_path)
-    chosen_layers = {
-        name: layer
-        for name, layer in zip(("probe_layer", "judge_layer"), layers, strict=True)
-        if layer is not None
-    }
-    if chosen_layers:  # `is not None`: a 0 must reach BackboneConfig's check, not fall back silently
-        config = replace(config, backbone=replace(config.backbone, **chosen_layers))
-    if labels is not None:
-        config = replace(config, oracle=replace(config.oracle, per_source=labels))
-    if epochs is not None:
-        config = replace(config, heads=replace(config.heads, epochs=epochs))
-    if corpus == "multilingual":
-        config = replace(config, sources=[s for s in config.sources if s.name == "intl"])
-        if labels is None:
-            config = replace(config, oracle=replace(config.oracle, per_source=MULTILINGUAL_LABELS))
-        documents = multilingual_documents()
-    else:
-        documents = demo_documents(config, per_source)
-    keep_rates = {s.name: s.keep_rate for s in config.sources}
-    rubrics = {name: rubric_for_kind(kind).name for name, kind in config.source_kinds.items()}
+CPU_PARTS = ("tokenise", "embed", "layers_to_probe", "probe_head", "layers_to_judge", "judge_head")
 
+
+@contextmanager
+def cpu_by_part(backbone: Backbone, heads: QualityHeads, spent: dict[str, float]) -> Iterator[None]:
+    """Add the CPU seconds of each part of a scoring pass to `spent` (CPU_PARTS; the rest of the pass,
+    building batches and the output table, is what the total leaves over)."""
+
+    def clocked(part: Callable[..., str], method: Callable) -> Callable:
+        def run(*args, **kwargs):
+            started = time.process_time()
+            result = method(*args, **kwargs)
+            spent[part(*args)] += time.process_time() - started
+            return result
+
+        return run
+
+    probe_layer = backbone.config.probe_layer
+    backbone.tokenize = clocked(lambda *_: "tokenise", backbone.tokenize)
+    backbone.embed = clocked(lambda *_: "embed", backbone.embed)
+    backbone.run_layers = clocked(
+        lambda _h, _m, start, end: "layers_to_probe" if end <= probe_layer else "layers_to_judge",
+        backbone.run_layers,
+    )
+    started: dict[str, float] = {}
+    hooks = []
+    for name, head in (("probe_head", heads.probe), ("judge_head", heads.judge)):
+        hooks.append(
+            head.register_forward_pre_hook(
+                lambda *_, name=name: started.__setitem__(name, time.process_time())
+            )
+        )
+        hooks.append(
+            head.register_forward_hook(
+                lambda *_, name=name: spent.__setitem__(
+                    name, spent[name] + time.process_time() - started[name]
+                )
+            )
+        )
+    try:
+        yield
+    finally:
+        for method in ("tokenize", "embed", "run_layers"):
+            delattr(backbone, method)
+        for hook in hooks:
+            hook.remove()
+
+
+@dataclass
+class Corpus:
+    """The documents, the labelled sample and its labels, and the calibration documents: what every
+    heads seed shares."""
+
+    config: PipelineConfig
+    documents: pa.Table
+    sample: pa.Table
+    labels: list
+    calibration: list[pa.Table]
+
+
+def build_corpus(config: PipelineConfig, per_source: int, corpus: str) -> Corpus:
+    documents = multilingual_documents() if corpus == "multilingual" else demo_documents(config, per_source)
     labelled, calibration = [], []
     for source in config.sources:
         mine = documents.filter(pc.equal(documents["source"], source.name))
@@ -286,8 +322,16 @@ def main(
         result.label for result in RuleBasedOracle().label(requests_from_table(sample, config.source_kinds))
     ]
     print(f"{documents.num_rows} documents, {sample.num_rows} of them labelled by the rules oracle")
+    return Corpus(config, documents, sample, labels, calibration)
 
-    backbone = load_backbone(config.backbone)
+
+def one_seed(corpus: Corpus, backbone: Backbone, seed: int, repeats: int, threads: int) -> dict[str, object]:
+    """Train and calibrate the heads from heads seed `seed` (initialisation, order and held-out split),
+    then score every document with and without early exit; this seed's figures."""
+    config = replace(corpus.config, heads=replace(corpus.config.heads, seed=seed))
+    documents, sample, labels = corpus.documents, corpus.sample, corpus.labels
+    keep_rates = {s.name: s.keep_rate for s in config.sources}
+    rubrics = {name: rubric_for_kind(kind).name for name, kind in config.source_kinds.items()}
     started = time.perf_counter()
     trained = train_heads(
         backbone,
@@ -297,7 +341,7 @@ def main(
         sample["source"].to_pylist(),
         config.heads,
     )
-    unseen = pa.concat_tables([sample.take(trained.heldout.index), *calibration])
+    unseen = pa.concat_tables([sample.take(trained.heldout.index), *corpus.calibration])
     trained_on = sample.filter(~np.isin(np.arange(sample.num_rows), trained.heldout.index))
     thresholds = calibrate_sources(
         unseen,
@@ -310,7 +354,7 @@ def main(
         trained_on=trained_on,
     )
     f1_labels = heldout_keep_f1(trained.heldout, keep_rates)
-    print(f"heads trained and calibrated in {time.perf_counter() - started:.0f}s")
+    print(f"heads seed {seed}: trained and calibrated in {time.perf_counter() - started:.0f}s")
     for source, t in thresholds.items():
         judge_f1, probe_f1 = (f1_labels.get(f"{head}_f1_{source}", math.nan) for head in ("judge", "probe"))
         tau_pass = "none" if t.tau_pass is None else f"{t.tau_pass:.3f}"
@@ -328,23 +372,32 @@ def main(
     batch = config.backbone.batch_size
     wall: dict[str, list[float]] = {side: [] for side in sides}
     cpu: dict[str, list[float]] = {side: [] for side in sides}
+    parts: dict[str, dict[str, float]] = {side: dict.fromkeys(CPU_PARTS, 0.0) for side in sides}
     scored: dict[str, pa.Table] = {}
-    warm_up = by_source[config.source_names[0]].slice(0, batch)  # first calls pay one-off set-up costs
-    for chosen in sides.values():
-        score_documents(warm_up, backbone, trained.heads, chosen[config.source_names[0]], batch)
-    for _ in range(repeats):
-        for side, chosen in sides.items():
-            scored[side] = timed(
-                lambda chosen=chosen: pa.concat_tables(  # code and text rows carry different dimensions
-                    [
-                        score_documents(by_source[s], backbone, trained.heads, chosen[s], batch)
-                        for s in by_source
-                    ],
-                    promote_options="permissive",
-                ),
-                wall[side],
-                cpu[side],
-            )
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        warm_up = by_source[config.source_names[0]].slice(0, batch)  # first calls pay one-off set-up costs
+        for chosen in sides.values():
+            score_documents(warm_up, backbone, trained.heads, chosen[config.source_names[0]], batch)
+        for _ in range(repeats):
+            for side, chosen in sides.items():
+                with cpu_by_part(backbone, trained.heads, parts[side]):
+                    scored[side] = timed(
+                        lambda chosen=chosen: (
+                            pa.concat_tables(  # code and text rows carry different dimensions
+                                [
+                                    score_documents(by_source[s], backbone, trained.heads, chosen[s], batch)
+                                    for s in by_source
+                                ],
+                                promote_options="permissive",
+                            )
+                        ),
+                        wall[side],
+                        cpu[side],
+                    )
+    finally:
+        torch.set_num_threads(threads_before)
 
     changed = np.mean(
         np.asarray(scored["early_exit"]["keep"].to_pylist())
@@ -352,16 +405,29 @@ def main(
     )
     exits = early_exit_summary(scored["early_exit"], backbone.config)
     rate = {side: documents.num_rows / statistics.median(times) for side, times in wall.items()}
+    saved_per_repeat = [1.0 - e / j for e, j in zip(cpu["early_exit"], cpu["judge_everywhere"], strict=True)]
     saved = 1.0 - statistics.median(cpu["early_exit"]) / statistics.median(cpu["judge_everywhere"])
+    # Each part's CPU time as a share of the baseline's whole pass, so the two sides' rows compare.
+    baseline_cpu = sum(cpu["judge_everywhere"])
+    cpu_parts = {
+        side: {
+            **{part: round(spent[part] / baseline_cpu, 4) for part in CPU_PARTS},
+            "rest": round((sum(cpu[side]) - sum(spent.values())) / baseline_cpu, 4),
+        }
+        for side, spent in parts.items()
+    }
     for side in sides:
         runs = ", ".join(f"{t:.1f}" for t in wall[side])
         median_cpu = statistics.median(cpu[side])
-        print(f"{side:>16}: {rate[side]:6.1f} docs/s (runs of {runs} s wall; CPU {median_cpu:.1f} s)")
+        shares = ", ".join(f"{part} {share:.1%}" for part, share in cpu_parts[side].items())
+        print(
+            f"{side:>16}: {rate[side]:6.1f} docs/s (runs of {runs} s wall; CPU {median_cpu:.1f} s: {shares})"
+        )
     print(
         f"early exit: {exits['early_exit_rate']:.1%} of documents leave at the probe "
         f"({exits['drop_exit_rate']:.1%} dropped, {exits['keep_exit_rate']:.1%} kept); compute saved "
-        f"{saved:.1%} in CPU time ({exits['layer_compute_saved']:.1%} of backbone layers); keep decisions "
-        f"changed {changed:.2%}; kept {exits['kept_rate']:.1%}"
+        f"{saved:.1%} in CPU time on {threads} thread(s) ({exits['layer_compute_saved']:.1%} of backbone "
+        f"layers); keep decisions changed {changed:.2%}; kept {exits['kept_rate']:.1%}"
     )
     print(
         f"keep-decision F1 vs the oracle on {trained.heldout.index.size} held-out labels: judge "
@@ -397,15 +463,13 @@ def main(
             f"{row['drops_only_layer_compute_saved']:.1%}, ceiling {row['drops_only_ceiling']:.1%})"
         )
     return {
-        "bench": "scoring",
-        "baseline": "judge_everywhere",
-        "documents": documents.num_rows,
         "early_exit_docs_per_s": round(rate["early_exit"], 2),
         "judge_everywhere_docs_per_s": round(rate["judge_everywhere"], 2),
         "early_exit_rate": round(exits["early_exit_rate"], 4),
         "drop_exit_rate": round(exits["drop_exit_rate"], 4),
         "keep_exit_rate": round(exits["keep_exit_rate"], 4),
         "compute_saved": round(saved, 4),
+        "compute_saved_per_repeat": [round(s, 4) for s in saved_per_repeat],
         "layer_compute_saved": round(exits["layer_compute_saved"], 4),
         "decisions_changed": round(float(changed), 4),
         **held_out,
@@ -414,8 +478,85 @@ def main(
         "unseen_documents": unseen_scores.num_rows,
         "judge_f1_heldout_labels": round(f1_labels["judge_f1"], 4),
         "probe_f1_heldout_labels": round(f1_labels["probe_f1"], 4),
+        "cpu_parts": cpu_parts,
         "early_exit_by_keep_rate": sweep,
     }
+
+
+# The figures given per seed and as their median; the goals read the median and the worst seed.
+PER_SEED = (
+    "compute_saved",
+    "layer_compute_saved",
+    "early_exit_rate",
+    "decisions_changed",
+    "decisions_changed_held_out",
+    "judge_f1",
+    "probe_f1",
+)
+WORST = {"compute_saved": min, "decisions_changed": max, "judge_f1": min}
+
+
+def main(
+    config_path: str,
+    per_source: int,
+    repeats: int,
+    labels: int | None,
+    epochs: int | None,
+    layers: tuple[int | None, int | None],
+    corpus: str = "demo",
+    seeds: int = 1,
+    threads: int = 1,
+) -> dict[str, object]:
+    config = load_config(config_path)
+    chosen_layers = {
+        name: layer
+        for name, layer in zip(("probe_layer", "judge_layer"), layers, strict=True)
+        if layer is not None
+    }
+    if chosen_layers:  # `is not None`: a 0 must reach BackboneConfig's check, not fall back silently
+        config = replace(config, backbone=replace(config.backbone, **chosen_layers))
+    if labels is not None:
+        config = replace(config, oracle=replace(config.oracle, per_source=labels))
+    if epochs is not None:
+        config = replace(config, heads=replace(config.heads, epochs=epochs))
+    if corpus == "multilingual":
+        config = replace(config, sources=[s for s in config.sources if s.name == "intl"])
+        if labels is None:
+            config = replace(config, oracle=replace(config.oracle, per_source=MULTILINGUAL_LABELS))
+    if threads == 1:
+        # The tokeniser's own thread pool would count its waiting in the CPU time too.
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    shared = build_corpus(config, per_source, corpus)
+    backbone = load_backbone(config.backbone)
+    first_seed = config.heads.seed
+    runs = [one_seed(shared, backbone, first_seed + i, repeats, threads) for i in range(seeds)]
+
+    result: dict[str, object] = {
+        "bench": "scoring",
+        "baseline": "judge_everywhere",
+        "documents": shared.documents.num_rows,
+        "seeds": seeds,
+        "threads": threads,
+    }
+    for key in runs[0]:
+        values = [run[key] for run in runs]
+        if key in PER_SEED:
+            result[key] = round(statistics.median(values), 4)
+            result[f"{key}_per_seed"] = values
+            if key in WORST:
+                result[f"{key}_worst"] = WORST[key](values)
+        elif isinstance(values[0], (int, float)):
+            result[key] = round(statistics.median(values), 4)
+    # Nested figures (the CPU parts, the keep-rate sweep) are the first seed's.
+    result["compute_saved_per_repeat"] = runs[0]["compute_saved_per_repeat"]
+    result["cpu_parts"] = runs[0]["cpu_parts"]
+    result["early_exit_by_keep_rate"] = runs[0]["early_exit_by_keep_rate"]
+    if seeds > 1:
+        print(
+            f"over heads seeds {first_seed}..{first_seed + seeds - 1}: "
+            + "; ".join(f"{key} {result[key]} (every seed {result[f'{key}_per_seed']})" for key in WORST)
+        )
+    return result
 
 
 if __name__ == "__main__":
@@ -423,6 +564,12 @@ if __name__ == "__main__":
     parser.add_argument("--config", default="configs/demo.yaml")
     parser.add_argument("--documents", type=int, default=800, help="documents per source")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument(
+        "--seeds", type=int, default=3, help="heads seeds, from the config's (each trains anew)"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=1, help="intra-op threads of the timed passes (CPU time counts work)"
+    )
     parser.add_argument("--labels", type=int, help="oracle labels per source (default: the config's)")
     parser.add_argument("--epochs", type=int, help="head training epochs (default: the config's)")
     parser.add_argument("--probe-layer", type=int, help="backbone layer of the probe (default: the config's)")
@@ -433,10 +580,17 @@ if __name__ == "__main__":
         default="demo",
         help="multilingual: the 22-language fixture",
     )
-    args = parse_with_smoke(parser, {"documents": 40, "repeats": 1, "epochs": 1})
+    args = parse_with_smoke(parser, {"documents": 40, "repeats": 1, "epochs": 1, "seeds": 1})
     layers = (args.probe_layer, args.judge_layer)
-    print(
-        json.dumps(
-            main(args.config, args.documents, args.repeats, args.labels, args.epochs, layers, args.corpus)
-        )
+    figures = main(
+        args.config,
+        args.documents,
+        args.repeats,
+        args.labels,
+        args.epochs,
+        layers,
+        args.corpus,
+        args.seeds,
+        args.threads,
     )
+    print(json.dumps(figures))
