@@ -11,10 +11,18 @@ have removed the injected noise), built in memory from the text on this machine:
    labels.
 3. scored_documents, twice over every document: baseline `judge_everywhere` (no early exit: all
    judge_layer layers and the judge head for every document) and `early_exit` (the calibrated tau_drop
-   and tau_pass). The two sides alternate `--repeats` times so background load hits both alike.
+   and tau_pass). The two sides alternate `--repeats` times so background load hits both alike, on
+   `--threads` intra-op threads (1 by default: CPU time then counts work, not threads waiting for a
+   core on a shared machine).
+
+Steps 2 and 3 run once per heads seed (`--seeds`, default 3, from the config's): the heads' draw moves
+the exits and judge F1 more than any setting, so the figures the goals read are the median over seeds,
+with every seed's value (`<figure>_per_seed`) and the worst (`<figure>_worst`).
 
 Figures: documents per second of each side (median wall time), compute saved (1 - early exit's CPU
-time / the baseline's, medians), the share of keep decisions that early exit changed, and judge and
+time / the baseline's, medians; per repeat in `compute_saved_per_repeat`) and each part's share of the
+baseline's CPU time (`cpu_parts`: tokenise, embed, layers to the probe, probe head, layers to the judge,
+judge head, the rest), the share of keep decisions that early exit changed, and judge and
 probe F1 at the sources' keep rates. The goal from the design: at least 15% saved at no more than 1%
 of decisions changed, judge F1 >= 0.82 (the FineWeb-Edu classifier's), probe F1 below it.
 
@@ -33,7 +41,8 @@ is surest the judge keeps are the larger share. The sweep recalibrates both thre
 documents' scores at other keep rates (the same heads, the same 1% bound), with the drops-only figure
 beside it; `early_exit_by_keep_rate` in the JSON.
 
-    .venv/bin/python -m benchmarks.scoring [--documents 800] [--repeats 2] [--labels N] [--epochs N]
+    .venv/bin/python -m benchmarks.scoring [--documents 800] [--repeats 2] [--seeds 3] [--threads 1]
+        [--labels N] [--epochs N]
         [--probe-layer N] [--judge-layer N] [--corpus demo|multilingual]
 
 `--labels` and `--epochs` override the config's `oracle.per_source` and `heads.epochs`, to see what
