@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Literal
 import torch
 from torch import nn
 
+from moe_dag.quality.heads.token_prefix import prefix_chars, prefix_token_ids
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
@@ -102,12 +104,14 @@ class Backbone:
         self.config = config
         self.hidden_size: int = model.config.hidden_size
         self.device = torch.device(config.device)
+        # None where cutting texts is not proven exact for this tokenizer: texts are then tokenised whole.
+        self.prefix_chars = prefix_chars(tokenizer, config.max_tokens)
 
     def tokenize(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Right-padded token ids and attention mask, cut to `max_tokens`: (B, T) each."""
-        batch = self.tokenizer(
-            texts, padding=True, truncation=True, max_length=self.config.max_tokens, return_tensors="pt"
-        )
+        """Right-padded token ids and attention mask, cut to `max_tokens`: (B, T) each. Long texts are
+        tokenised from a prefix, with the same ids as the whole text (token_prefix.py)."""
+        ids = prefix_token_ids(self.tokenizer, texts, self.config.max_tokens, self.prefix_chars)
+        batch = self.tokenizer.pad({"input_ids": ids}, return_tensors="pt")
         return batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device)
 
     @torch.no_grad()
