@@ -58,6 +58,20 @@ SOURCE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 MAX_PROCESSES_PER_NODE = 128
 MAX_NODES = 4096
 MAX_LABELS_PER_SOURCE = 1_000_000
+# Keys a file must not give, and what to do instead: one filled in at load, and settings that were
+# removed (the strict loader would call those unknown and suggest a near name, not the replacement).
+REFUSED_KEYS = {
+    "mixture.weights": "taken from sources[].mixture_weight; remove it",
+    "calibration.exit_bound": (
+        "removed: early exit is always bounded on the share of all a source's decisions it changes (what "
+        "`decisions` did; `exits`, a bound per side, is gone); remove it, and set "
+        "calibration.max_decisions_changed, exit_z and exit_margin if the defaults do not suit"
+    ),
+    "calibration.max_exit_error": (
+        "removed with the bound per side of exits: use calibration.max_decisions_changed, the share of all "
+        "a source's decisions early exit may change (docs/scoring.md#early-exit); remove it"
+    ),
+}
 # Object-store calls (docs/production.md, "Object-store lakes"): a connection takes well under a second
 # and S3 replies to a request in well under one; 10 minutes and an hour are for stores on the far side
 # of a slow link, and 20 tries ride out minutes of throttling (botocore waits up to 20 s between tries).
@@ -262,10 +276,12 @@ def load_config(path: str | Path) -> PipelineConfig:
     if not isinstance(raw, dict):
         raise ConfigError(f"the top level must be a mapping, got {type(raw).__name__}", origin=origin)
     raw["path"] = path
+    for dotted, why in REFUSED_KEYS.items():
+        section, key = dotted.split(".")
+        if isinstance(raw.get(section), dict) and key in raw[section]:
+            raise ConfigError(why, dotted, origin)
     # Mixture weights live on the sources, beside everything else about a source.
     mixture = raw.setdefault("mixture", {}) or {}
-    if isinstance(mixture, dict) and "weights" in mixture:
-        raise ConfigError("taken from sources[].mixture_weight; remove it", "mixture.weights", origin)
     if isinstance(mixture, dict):
         sources = raw.get("sources") or []
         mixture["weights"] = {

@@ -37,6 +37,20 @@ def test_mixture_weights_come_from_the_sources(tmp_path):
         load_config(write(tmp_path, {**MINIMAL, "mixture": {"weights": {"web": 1.0}}}))
 
 
+def test_the_removed_exit_bound_settings_say_what_replaced_them(tmp_path):
+    for calibration in ({"exit_bound": "exits"}, {"exit_bound": "decisions"}):
+        with pytest.raises(
+            ValueError, match=r"pipeline\.yaml: calibration\.exit_bound: removed: .*max_decisions_changed"
+        ):
+            load_config(write(tmp_path, {**MINIMAL, "calibration": calibration}))
+    with pytest.raises(
+        ValueError, match=r"calibration\.max_exit_error: removed .*use calibration\.max_decisions_changed"
+    ):
+        load_config(write(tmp_path, {**MINIMAL, "calibration": {"max_exit_error": 0.01}}))
+    config = load_config(write(tmp_path, {**MINIMAL, "calibration": {"max_decisions_changed": 0.02}}))
+    assert config.calibration.max_decisions_changed == 0.02
+
+
 def test_a_misspelt_key_names_the_file_and_the_key_path(tmp_path):
     path = write(tmp_path, {**MINIMAL, "dedup": {"num_band": 14}})
     with pytest.raises(

@@ -12,7 +12,13 @@ import dataclasses
 import numpy as np
 import pytest
 
-from moe_dag.quality.heads.thresholds import CalibrationConfig, Thresholds, calibrate_source, dominant_script
+from moe_dag.quality.heads.thresholds import (
+    CalibrationConfig,
+    Thresholds,
+    allowed_changes,
+    calibrate_source,
+    dominant_script,
+)
 from moe_dag.quality.scoring import decide
 
 KEEP_RATE = 0.7
@@ -112,22 +118,23 @@ def test_a_small_language_also_calibrates_on_the_documents_the_heads_trained_on(
 
 
 def test_language_groups_exit_on_offsets_calibrated_over_the_whole_source():
-    """Twenty languages of 20 documents each, every one scored on its own level by both heads: no group
-    alone could show a 1% exit error, so the exits come from offsets calibrated on all 400 documents,
-    each group's thresholds sitting at its own probe centre plus them."""
+    """Fifty languages of 20 documents each, every one scored on its own level by both heads: no group
+    alone could show that its exits change at most 1% of its decisions, so the exits come from offsets
+    calibrated on all 1,000 documents (enough for the default bound: 3 overturned), each group's
+    thresholds sitting at its own probe centre plus them."""
     rng = np.random.default_rng(2)
-    levels = np.repeat(rng.uniform(0.2, 0.8, 20), 20)
+    levels = np.repeat(rng.uniform(0.2, 0.8, 50), 20)
     judge = levels + rng.uniform(-0.15, 0.15, len(levels))
     probe = judge + rng.normal(0, 0.01, len(judge))
     languages = [f"l{i // 20:02d}" for i in range(len(judge))]
     thresholds = calibrate_source(
         probe, judge, KEEP_RATE, CalibrationConfig(), "general", languages, [TEXTS["en"]] * len(judge)
     )
-    assert len(thresholds.languages) == 20
+    assert len(thresholds.languages) == 50
     keep, _ = decide(probe, judge, thresholds, languages)
     judge_keep = thresholds.kept_by_judge(judge, languages)
     exits = thresholds.dropped_at_probe(probe, languages) | thresholds.kept_at_probe(probe, languages)
     assert exits.mean() > 0.4  # with the default 90% bound, which no 20-document group could pass alone
-    assert np.mean(np.asarray(keep) != judge_keep) <= 0.01
+    assert np.sum(np.asarray(keep) != judge_keep) <= allowed_changes(len(judge), CalibrationConfig()) == 3
     for group in thresholds.languages.values():
         assert group.early_exit_rate > 0 and group.n_calibration == 20

@@ -220,14 +220,10 @@ def _seen_of_small_languages(
 def calibration_warnings(thresholds: Mapping[str, Thresholds], config: CalibrationConfig) -> list[str]:
     """Sources whose calibration found no early exit, one line each (too few unseen documents is the asset
     check `calibrated_on_enough_documents`)."""
-    bound = (
-        f"{config.max_decisions_changed:.0%} of decisions changed"
-        if config.exit_bound == "decisions"
-        else f"{config.max_exit_error:.0%} of exits"
-    )
     return [
-        f"{source}: no early exit (the probe cannot pick out exits with at most {bound} the judge would "
-        f"decide otherwise on {t.n_calibration} documents); every document runs to the judge"
+        f"{source}: no early exit (on {t.n_calibration} documents the probe picks out no exits that change "
+        f"at most {config.max_decisions_changed:.0%} of the judge's decisions at the configured bound); "
+        "every document runs to the judge"
         for source, t in thresholds.items()
         if t.early_exit_rate == 0.0
     ]

@@ -8,20 +8,19 @@ held-out labels plus a calibration sample of the source.
 
 Exits both ways: at keep rate r, dropping at the probe can spare the judge at most 1 - r of the
 documents (30% at the usual 0.7), while the documents the probe is surest the judge keeps are the
-larger share. Each side is bounded alike: at most `max_exit_error` of its exits would the judge have
-decided otherwise. `keep_exits: false` keeps only the drop side, so every kept document carries the
-judge's scores.
+larger share. `keep_exits: false` keeps only the drop side, so every kept document carries the judge's
+scores.
 
-With `exit_bound: decisions` the bound is on the goal's own measure instead: at most
-`max_decisions_changed` of all the calibration documents are exits the judge would decide otherwise,
-counted over both sides, and tau_drop and tau_pass are chosen together to let the most documents leave
-(`_exits_within_decisions`). A per-side bound of 1% of exits spends little of a 1% budget of decisions:
-it needs 100 clean exits per overturned one, and stops a side at its first overturned document when the
-exits are fewer. The allowance is the most overturned documents whose exact bound at `exit_z` stays
-within the share (`allowed_changes`), less `exit_margin`: the search ends each side just before an
-overturned document, an edge new documents do not respect, so on synthetic scores a margin of none let
-the share on new documents pass 1% in 17-20% of calibrations at 90%, and a margin of 2 (one a side) in
-5% (`tests/test_calibration_decisions.py`).
+What bounds the exits is the goal's own measure: at most `max_decisions_changed` of all the calibration
+documents are exits the judge would decide otherwise, counted over both sides, and tau_drop and tau_pass
+are chosen together to let the most documents leave (`_exits_within_decisions`). The allowance is the
+most overturned documents whose exact bound at `exit_z` stays within the share (`allowed_changes`), less
+`exit_margin`: the search ends each side just before an overturned document, an edge new documents do
+not respect, so on synthetic scores a margin of none let the share on new documents pass 1% in about 20%
+of calibrations at 90%, and a margin of 2 (one a side) in 2-5% (`tests/test_calibration_decisions.py`). A
+bound per side instead (at most 1% of each side's exits, the library's default until it was removed)
+spent little of a 1% budget of decisions: it needed 100 clean exits per overturned one, and stopped a
+side at its first overturned document when the exits were fewer.
 
 How many documents: tau_keep is a quantile, and the keep rate it gives on new documents of the source
 is off by about z * sqrt(p (1 - p) / n) for keep rate p and n calibration documents. So each source's
@@ -50,22 +49,23 @@ thresholds per language kept every language within 0.2 of the source. A group's 
 sampling error (about z * sqrt(p (1 - p) / n) on its keep rate).
 
 Early exits of language groups are calibrated over the whole source, not group by group: a group of a
-few dozen documents cannot show that 1% of its exits are right (a point estimate on 15 documents lets
-its surest ones leave until the first mistake, on noise; a bound at 90% needs 229 clean exits). Each
-group's probe scores are centred on its own probe keep threshold (the probe score above which
-`keep_rate` of its documents lie, as tau_keep is the judge's), and tau_drop and tau_pass are calibrated
-once, as offsets from that centre, on the centred scores of every grouped unseen document of the source
-against each one's group decision; a group's thresholds are its centre plus the offsets. The exit error
-bound then holds over the source's grouped documents, as decisions changed are counted, and the probe's
-bias per language, which the centre removes, is the same bias that made tau_keep per language necessary.
+few dozen documents cannot show that its exits change at most 1% of its decisions (1% of 20 documents
+is none, so a point estimate lets its surest ones leave until the first mistake, on noise; at 90% even
+none overturned bounds the share above 1% on fewer than 229 documents). Each group's probe scores are
+centred on its own probe keep threshold (the probe score above which `keep_rate` of its documents lie,
+as tau_keep is the judge's), and tau_drop and tau_pass are calibrated once, as offsets from that
+centre, on the centred scores of every grouped unseen document of the source against each one's group
+decision; a group's thresholds are its centre plus the offsets. The bound then holds over the source's
+grouped documents, as decisions changed are counted, and the probe's bias per language, which the
+centre removes, is the same bias that made tau_keep per language necessary.
 
 A small language is short of unseen documents by construction: the oracle sample takes its share of
 them for training, leaving 4-6 of Malayalam's 11 on the multilingual fixture, whose kept share then
 landed anywhere in 0.45-0.82 against the source's 0.63 as the sample moved. So a language with fewer
 than `min_unseen_per_language` unseen documents is calibrated on the documents of it the heads trained
 on as well (`unseen` marks which are which). Their scores lean towards their labels, a bias far smaller
-at these sizes than the sampling error it removes; the source's thresholds, and the exit error bounds of
-large groups, still come from unseen documents only.
+at these sizes than the sampling error it removes; the source's thresholds, and the exit offsets, still
+come from unseen documents only.
 """
 
 from __future__ import annotations
@@ -87,20 +87,17 @@ class CalibrationConfig:
     # tau_keep: the keep rate on the source's new documents within +- keep_rate_tolerance, at z sigmas.
     keep_rate_tolerance: float = 0.03
     z: float = 1.96
-    # tau_drop and tau_pass: at most this share of the probe's exits on each side (drops, keeps) would the
-    # judge have decided otherwise ...
-    max_exit_error: float = 0.01
-    # ... at this one-sided confidence, given in normal sigmas (1.28: 90%; 0: a point estimate, no
-    # confidence). The bound is the exact (Clopper-Pearson) binomial one, and exit sets are tested in a
-    # fixed order (see `_longest_exit`), so the share on new documents stays within it at that confidence.
-    exit_z: float = 1.28
-    # What the bound is on: "exits", at most `max_exit_error` of each side's exits (above); "decisions",
-    # at most `max_decisions_changed` of all the calibration documents are exits the judge would decide
-    # otherwise (the share of decisions early exit changes), at `exit_z` and less `exit_margin` such
-    # documents, the two sides chosen together to let the most documents leave.
-    exit_bound: str = "exits"
+    # tau_drop and tau_pass: at most this share of the calibration documents are exits the judge would
+    # decide otherwise (the share of decisions early exit changes), both sides counted together ...
     max_decisions_changed: float = 0.01
-    exit_margin: int = 0
+    # ... at this one-sided confidence, given in normal sigmas (1.28: 90%; 0: a point estimate, no
+    # confidence), by the exact (Clopper-Pearson) binomial bound ...
+    exit_z: float = 1.28
+    # ... less this many overturned documents, because the search stops each side just short of one,
+    # which new documents do not respect: with 2 (one a side) the share on new documents stayed within
+    # the bound at its confidence (module docstring). At these defaults a source needs 531 unseen
+    # documents for any early exit (none of them overturned), 897 allow 2.
+    exit_margin: int = 2
     # Also keep at the probe (tau_pass); false: only drops exit, and every kept document has judge scores.
     keep_exits: bool = True
     # Thresholds per language inside a source, for languages with at least this many calibration
@@ -117,12 +114,8 @@ class CalibrationConfig:
     def __post_init__(self) -> None:
         if not 0.0 < self.keep_rate_tolerance < 0.5:
             raise ValueError(f"keep_rate_tolerance must be in (0, 0.5), got {self.keep_rate_tolerance}")
-        if not 0.0 <= self.max_exit_error < 1.0:
-            raise ValueError(f"max_exit_error must be in [0, 1), got {self.max_exit_error}")
         if self.z <= 0 or self.exit_z < 0:
             raise ValueError(f"z must be > 0 and exit_z >= 0, got {self.z}, {self.exit_z}")
-        if self.exit_bound not in ("exits", "decisions"):
-            raise ValueError(f"exit_bound must be exits or decisions, got {self.exit_bound!r}")
         if not 0.0 <= self.max_decisions_changed < 1.0 or self.exit_margin < 0:
             raise ValueError(
                 "max_decisions_changed must be in [0, 1) and exit_margin >= 0, got "
@@ -217,30 +210,6 @@ def _exit_error_bound(failures: np.ndarray, trials: np.ndarray, z: float) -> np.
     return np.where(failures < trials, upper, 1.0)
 
 
-def _longest_exit(ranked_probe: np.ndarray, overturned: np.ndarray, config: CalibrationConfig) -> int:
-    """How many documents, ranked from the probe's surest, can leave at the probe: the share the judge
-    would decide otherwise (`overturned`) within the configured bound, ending where a threshold can split
-    the ranking. 0: none.
-
-    With a confidence (exit_z > 0), the exit sets are tested in a fixed order, fixed-sequence testing:
-    from the smallest that could pass at all (no overturned document in it: 229 at 90% and 1%), one more
-    document at a time, stopping at the first that fails. The chosen set then holds its bound at the
-    configured confidence; taking the largest set that passes anywhere would not (an optimistic pick).
-    A point estimate (exit_z = 0) takes the largest set whose share is within the bound."""
-    n = len(ranked_probe)
-    exits = np.arange(1, n + 1)
-    within = _exit_error_bound(np.cumsum(overturned), exits, config.exit_z) <= config.max_exit_error
-    if config.exit_z > 0:
-        could_pass = _exit_error_bound(np.zeros(n), exits, config.exit_z) <= config.max_exit_error
-        start = int(np.argmax(could_pass)) if could_pass.any() else n
-        failed = np.flatnonzero(~within[start:])
-        end = start + int(failed[0]) if len(failed) else n
-        within[:start] = within[end:] = False
-    separable = np.append(ranked_probe[:-1] != ranked_probe[1:], True)  # a threshold can split here
-    qualifying = np.flatnonzero(within & separable)
-    return int(qualifying[-1]) + 1 if len(qualifying) else 0
-
-
 def _split_after(ranked_probe: np.ndarray, count: int, past_the_end: float) -> float:
     """A threshold halfway between the last of `count` exiting scores and the next one in the ranking
     (`past_the_end` when every document exits)."""
@@ -263,17 +232,12 @@ def calibrate_source(
     tau_keep: the judge score above which `keep_rate` of the documents lie, so the judge alone keeps
     the target rate.
 
-    tau_drop: early exit must save compute without changing decisions. Ranking documents by probe score,
-    the exit set for a threshold is every document under it; tau_drop ends the largest exit set holding
-    at most `max_exit_error` documents the judge would have kept, at the configured confidence, as
-    `_longest_exit` tests them (with exit_z = 1.28, no early exit before 229 exits without such a
-    document).
-    It sits halfway between the last exited and the next probe score, and is 0 (no early exit) when no
-    threshold qualifies.
-
-    tau_pass (when `keep_exits`): the same from the top, over the documents tau_drop leaves: it ends the
-    largest exit set (every document at or above it) holding at most `max_exit_error` documents the judge
-    would have dropped; None when none qualifies.
+    tau_drop and tau_pass: early exit must save compute without changing decisions. Ranking documents by
+    probe score, the drops are every document under tau_drop and the passes (when `keep_exits`) every
+    one at or above tau_pass; the two are chosen together to let the most documents leave with at most
+    `allowed_changes` of them decided otherwise by the judge (`_exits_within_decisions`). Each sits
+    halfway between its last exited and the next probe score; tau_drop is 0 (no drop exit) and tau_pass
+    None (no keep exit) when that side lets nothing leave.
 
     `languages` and `texts` (the documents' language codes and texts, with `config.per_language`): each
     language group (see the module docstring) gets thresholds of its own, calibrated the same way on its
@@ -405,14 +369,7 @@ def _exit_thresholds(probe: np.ndarray, kept_by_judge: np.ndarray, config: Calib
     thresholds: dict = {}
     ascending = np.argsort(probe, kind="stable")
     ranked = probe[ascending]
-    if config.exit_bound == "decisions":
-        drops, passes = _exits_within_decisions(ranked, kept_by_judge[ascending], config)
-    else:
-        drops = _longest_exit(ranked, kept_by_judge[ascending], config)
-        passes = 0
-        if config.keep_exits and drops < n:
-            descending = ascending[drops:][::-1]  # what tau_drop leaves, surest keep first
-            passes = _longest_exit(probe[descending], ~kept_by_judge[descending], config)
+    drops, passes = _exits_within_decisions(ranked, kept_by_judge[ascending], config)
     if drops:
         # Past the end: scores may be centred (language groups), so no clamp to [0, 1].
         thresholds["tau_drop"] = _split_after(ranked, drops, ranked[-1] + 1e-6)
@@ -429,9 +386,9 @@ def _exit_thresholds(probe: np.ndarray, kept_by_judge: np.ndarray, config: Calib
 
 
 def allowed_changes(n: int, config: CalibrationConfig) -> int:
-    """The most documents of `n` the exits may hand a decision the judge would not make (`exit_bound:
-    decisions`): the largest count whose bound at `exit_z` is within `max_decisions_changed`, less
-    `exit_margin`; -1 when not even none is."""
+    """The most documents of `n` the exits may hand a decision the judge would not make: the largest
+    count whose bound at `exit_z` is within `max_decisions_changed`, less `exit_margin`; negative when
+    not even none is (no early exit)."""
     counts = np.arange(n + 1)
     bound = _exit_error_bound(counts.astype(np.float64), np.full(n + 1, float(n)), config.exit_z)
     within = np.flatnonzero(bound <= config.max_decisions_changed + 1e-12)
