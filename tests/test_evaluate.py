@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from moe_dag.training import evaluate
 from moe_dag.training.checkpoint import TrainerState, save_checkpoint
 from moe_dag.training.config import tiny
 from moe_dag.training.evaluate import document_windows, evaluate_checkpoint, evaluate_model
@@ -101,6 +102,23 @@ def test_batched_padded_windows_equal_one_document_at_a_time() -> None:
     assert results["per_document"]["nll_nats"] == pytest.approx(expected, rel=1e-5)
     assert results["overall"]["nll_nats"] == pytest.approx(sum(expected), rel=1e-5)
     assert results["overall"]["tokens"] == sum(len(t) for t in HELDOUT["tokens"])
+
+
+def test_logits_made_in_pieces_give_the_same_bits_as_whole_logits(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.manual_seed(0)
+    model = build_model(tiny().model).eval()
+    # Pieces of 5 positions: a 32-token window's logits are made in 7 pieces, the last of 2 positions.
+    monkeypatch.setattr(evaluate, "HEAD_POSITIONS", 5)
+    nll_N = evaluate.document_nll(model, HELDOUT["tokens"], seq_len=32, eos_id=EOS, batch_size=1)
+    expected = []
+    for tokens in HELDOUT["tokens"]:
+        expected.append(0.0)
+        for inputs, targets in document_windows(tokens, EOS, 32):
+            with torch.no_grad():
+                logits = model(torch.tensor([inputs]))[0]
+            nll = F.cross_entropy(logits, torch.tensor(targets), reduction="none")
+            expected[-1] += nll.double().sum().item()
+    assert nll_N.tolist() == expected
 
 
 def test_a_heldout_set_from_another_tokenizer_is_refused(tmp_path: Path) -> None:

@@ -17,6 +17,9 @@ and `eval_documents.parquet` (source, id, nll_nats, tokens, num_bytes per docume
 comparison of two models on the same documents needs).
 
 Command line: `python -m moe_dag.training.evaluate --checkpoint DIR --data DIR --out FILE [--device D]`.
+
+Shape legend: B windows of a batch, S positions of a window, P a batch's positions (B x S), D model
+width, V vocabulary, W windows, N documents.
 """
 
 from __future__ import annotations
@@ -33,19 +36,23 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 import torch.nn.functional as F
-from torch import nn
 from tqdm import tqdm
 
 from moe_dag.training.bootstrap import ratio_interval
 from moe_dag.training.checkpoint import latest_checkpoint, load_model
 from moe_dag.training.data import read_heldout, read_mixture
+from moe_dag.training.model import Transformer
 
 _IGNORE = -100
-# Windows scored in one forward pass. On CPU most of the cost is the output layer's [windows x seq_len,
-# vocab] float32 logits and their log-softmax, which run at memory speed once they outgrow the cache:
-# a 0.8M-parameter mixture-search proxy (seq_len 128, vocab 4,096: 16 MiB of logits at 8 windows, 128
-# MiB at 64) took 24 us of CPU a scored token at 8 windows, 27 at 4, 40 at 16 and 42 at 64 (one thread).
+# Windows run through the blocks in one forward pass. More do not pay on CPU: on the 0.8M-parameter
+# mixture-search proxy (seq_len 128, one thread) 16, 32 and 64 windows took within 5% of 8's time.
 BATCH_SIZE = 8
+# Positions whose logits are made and scored at once, so that a batch's [8 x 128, 4,096] float32 logits
+# and their log-softmax are not two fresh 16 MiB buffers: glibc maps buffers that large from the OS and
+# faults their pages in again on many batches. On that proxy (one thread, AVX-512 Xeon) the head and the
+# loss took 6.6-6.9 ms per 1,024 positions in pieces of 64 to 512, 16 ms whole; the head's product
+# alone takes 5.5. A position's logits and loss are the same bits in any piece (tests/test_evaluate.py).
+HEAD_POSITIONS = 256
 
 
 def document_windows(tokens: list[int], eos_id: int, seq_len: int) -> list[tuple[list[int], list[int]]]:
@@ -54,9 +61,9 @@ def document_windows(tokens: list[int], eos_id: int, seq_len: int) -> list[tuple
     return [(inputs[i : i + seq_len], tokens[i : i + seq_len]) for i in range(0, len(tokens), seq_len)]
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def document_nll(
-    model: nn.Module,
+    model: Transformer,
     tokens: list[list[int]],
     *,
     seq_len: int,
@@ -87,11 +94,16 @@ def document_nll(
             inputs_BS[row, : len(inputs)] = torch.tensor(inputs)
             targets_BS[row, : len(targets)] = torch.tensor(targets)
         # Right padding is safe: causal attention keeps padded positions from reaching real ones.
-        logits_BSV = model(inputs_BS.to(device))
-        nll_BS = F.cross_entropy(
-            logits_BSV.flatten(0, 1), targets_BS.to(device).flatten(), ignore_index=_IGNORE, reduction="none"
-        ).view(len(chunk), width)
-        nll_W[chunk] = nll_BS.double().sum(dim=1).cpu().numpy()
+        head_input_PD = model.head_input(inputs_BS.to(device)).flatten(0, 1)
+        targets_P = targets_BS.to(device).flatten()
+        nll_P = torch.empty(len(targets_P), device=device)
+        for first in range(0, len(targets_P), HEAD_POSITIONS):
+            piece = slice(first, first + HEAD_POSITIONS)
+            logits_PV = model.output(head_input_PD[piece]).float()  # as `model(inputs)` makes them
+            nll_P[piece] = F.cross_entropy(
+                logits_PV, targets_P[piece], ignore_index=_IGNORE, reduction="none"
+            )
+        nll_W[chunk] = nll_P.view(len(chunk), width).double().sum(dim=1).cpu().numpy()
     # Summed in window order, as they were when scored in document order: the same float64 totals.
     nll_N = np.zeros(len(tokens))
     np.add.at(nll_N, np.array([document for document, _ in windows], dtype=np.int64), nll_W)
@@ -129,7 +141,7 @@ def _figures(
 
 
 def evaluate_model(
-    model: nn.Module,
+    model: Transformer,
     heldout: dict[str, list[Any]],
     *,
     seq_len: int,

@@ -54,12 +54,18 @@ class Transformer(nn.Module):
 
     def forward(self, tokens_BS: torch.Tensor) -> torch.Tensor:
         """Next-token logits [B, S, V] in float32 for token ids [B, S]."""
+        return self.output(self.head_input(tokens_BS)).float()
+
+    def head_input(self, tokens_BS: torch.Tensor) -> torch.Tensor:
+        """The output head's input [B, S, D]: `forward` is `output(head_input(tokens)).float()`, so a
+        caller that needs only a reduction of the [B, S, V] logits can make them a few positions at a
+        time (evaluate.py)."""
         assert tokens_BS.shape[1] <= self.config.seq_len, "sequence longer than the rotary tables"
         x_BSD = self.tok_embeddings(tokens_BS) * self.config.embedding_multiplier
         for block in self.layers:
             x_BSD = block(x_BSD, self.rotary)
         # Scaling the head's [B, S, D] input equals scaling its [B, S, V] output, V/D times cheaper.
-        return self.output(self.norm(x_BSD) * self.config.output_multiplier).float()
+        return self.norm(x_BSD) * self.config.output_multiplier
 
     def moe_layers(self) -> list[MoE]:
         return [block.ffn for block in self.layers if isinstance(block.ffn, MoE)]
