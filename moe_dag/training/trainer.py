@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from moe_dag.training import distributed
+from moe_dag.training.allocator import keep_freed_memory
 from moe_dag.training.checkpoint import (
     TrainerState,
     latest_checkpoint,
@@ -212,6 +213,7 @@ def _train(
 ) -> dict[str, Any]:
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(_num_threads(config, info))
+    keep_freed_memory()  # every step's large tensors reuse freed memory (allocator.py)
     config = with_data_shapes(config, read_mixture(data_dir))
     tc = config.train
     parts = _build(config, data_dir, info)
