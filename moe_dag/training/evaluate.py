@@ -45,13 +45,17 @@ from moe_dag.training.model import Transformer
 
 _IGNORE = -100
 # Windows run through the blocks in one forward pass. More do not pay on CPU: on the 0.8M-parameter
-# mixture-search proxy (seq_len 128, one thread) 16, 32 and 64 windows took within 5% of 8's time.
+# mixture-search proxy (seq_len 128, one thread) 16, 32 and 64 windows took within 5% of 8's time,
+# and moved documents' losses in float32's last bits.
 BATCH_SIZE = 8
 # Positions whose logits are made and scored at once, so that a batch's [8 x 128, 4,096] float32 logits
 # and their log-softmax are not two fresh 16 MiB buffers: glibc maps buffers that large from the OS and
 # faults their pages in again on many batches. On that proxy (one thread, AVX-512 Xeon) the head and the
 # loss took 6.6-6.9 ms per 1,024 positions in pieces of 64 to 512, 16 ms whole; the head's product
-# alone takes 5.5. A position's logits and loss are the same bits in any piece (tests/test_evaluate.py).
+# alone takes 5.5. Scoring the swarm's 210 neutral documents (221k tokens) took 4.1 s whole and 3.1 s in
+# pieces (medians of 5, alternating, under load), with 429k and 643 page faults. On CPU a position's
+# logits and loss are the same bits in any piece (tests/test_evaluate.py); a GPU's products may round
+# them differently, as another batch size does.
 HEAD_POSITIONS = 256
 
 
