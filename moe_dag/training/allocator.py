@@ -7,7 +7,9 @@ of that size is faulted in and zeroed page by page again. A training step of the
 tensors (logits, their log-softmax, their gradients): about 36,000 fresh pages (140 MiB) a step. With
 mmap off and trimming off (one thread, 60 steps, another benchmark on the machine): 4.2 and 4.6 steps/s
 became 7.1 and 7.2, page faults 2.2M became 68k, the loss curve and the checkpoint the same bits; the
-peak resident memory 644 MiB became 698. The price: the process keeps its largest heap until it exits,
+peak resident memory 644 MiB became 698. Two proxies at once in the mixture search's two worker
+processes (200 steps and scoring each, with evaluate.py's pieces, old and new in turn twice): 133.5 s and
+76.7 s became 64.2 s and 58.0 s. The price: the process keeps its largest heap until it exits,
 which a training process, one run long, can pay.
 """
 
