@@ -86,19 +86,27 @@ def test_uniform_logits_give_log_vocab_nats_and_known_bits_per_byte(tmp_path: Pa
     assert code["bits_per_byte_ci"] == pytest.approx([4.0, 4.0]) and overall["documents"] == 3
 
 
+def one_window_at_a_time(model: torch.nn.Module, documents: list[list[int]]) -> list[float]:
+    """Each document's summed loss in nats, its windows scored one at a time through `model(...)`'s
+    whole logits: the reference the batched, pieced scoring must equal."""
+    totals = []
+    for tokens in documents:
+        totals.append(0.0)
+        for inputs, targets in document_windows(tokens, EOS, 32):
+            with torch.no_grad():
+                logits = model(torch.tensor([inputs]))[0]
+            nll = F.cross_entropy(logits, torch.tensor(targets), reduction="none")
+            totals[-1] += nll.double().sum().item()
+    return totals
+
+
 def test_batched_padded_windows_equal_one_document_at_a_time() -> None:
     torch.manual_seed(0)
     model = build_model(tiny().model).eval()
     # Windows are scored longest first, so a batch mixes the documents' windows out of their order;
     # each document must still get exactly its own windows' losses.
     results = evaluate_model(model, HELDOUT, seq_len=32, eos_id=EOS, batch_size=4)
-    expected = []
-    for tokens in HELDOUT["tokens"]:
-        expected.append(0.0)
-        for inputs, targets in document_windows(tokens, EOS, 32):
-            with torch.no_grad():
-                logits = model(torch.tensor([inputs]))[0]
-            expected[-1] += F.cross_entropy(logits, torch.tensor(targets), reduction="sum").item()
+    expected = one_window_at_a_time(model, HELDOUT["tokens"])
     assert results["per_document"]["nll_nats"] == pytest.approx(expected, rel=1e-5)
     assert results["overall"]["nll_nats"] == pytest.approx(sum(expected), rel=1e-5)
     assert results["overall"]["tokens"] == sum(len(t) for t in HELDOUT["tokens"])
@@ -110,15 +118,7 @@ def test_logits_made_in_pieces_give_the_same_bits_as_whole_logits(monkeypatch: p
     # Pieces of 5 positions: a 32-token window's logits are made in 7 pieces, the last of 2 positions.
     monkeypatch.setattr(evaluate, "HEAD_POSITIONS", 5)
     nll_N = evaluate.document_nll(model, HELDOUT["tokens"], seq_len=32, eos_id=EOS, batch_size=1)
-    expected = []
-    for tokens in HELDOUT["tokens"]:
-        expected.append(0.0)
-        for inputs, targets in document_windows(tokens, EOS, 32):
-            with torch.no_grad():
-                logits = model(torch.tensor([inputs]))[0]
-            nll = F.cross_entropy(logits, torch.tensor(targets), reduction="none")
-            expected[-1] += nll.double().sum().item()
-    assert nll_N.tolist() == expected
+    assert nll_N.tolist() == one_window_at_a_time(model, HELDOUT["tokens"])
 
 
 def test_a_heldout_set_from_another_tokenizer_is_refused(tmp_path: Path) -> None:
