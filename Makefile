@@ -162,11 +162,13 @@ ui: runtime
 # and docs/*.md from the newest records (a page quotes a measured figure nowhere else; make figures
 # re-renders without running anything, tests/test_doc_figures.py checks). Benchmarks run as modules of the
 # benchmarks package, never as scripts (benchmarks/__init__.py says why).
-# BENCH=scoring (or BENCH="scoring moe_layer") runs some; BENCH_ARGS go to the scripts.
+# BENCH=scoring (or BENCH="scoring moe_layer") runs some; BENCH_ARGS go to the scripts; BENCH_SMOKE="a b"
+# runs those at their smoke size (recorded, never quoted), for a whole run that must fit a time.
 BENCH ?=
 BENCH_ARGS ?=
+BENCH_SMOKE ?=
 bench: setup
-	$(BIN)/python -m benchmarks.run_all $(BENCH) $(if $(BENCH_ARGS),-- $(BENCH_ARGS))
+	$(BIN)/python -m benchmarks.run_all $(BENCH) $(if $(BENCH_SMOKE),--smoke $(BENCH_SMOKE)) $(if $(BENCH_ARGS),-- $(BENCH_ARGS))
 
 figures: runtime
 	$(BIN)/python -m benchmarks.run_all --render

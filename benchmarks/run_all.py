@@ -25,6 +25,8 @@ measured figure written by hand outside one.
     .venv/bin/python -m benchmarks.run_all                     # every benchmark (make bench)
     .venv/bin/python -m benchmarks.run_all scoring moe_layer   # some (make bench BENCH=scoring)
     .venv/bin/python -m benchmarks.run_all scoring -- --documents 200   # arguments for the scripts
+    .venv/bin/python -m benchmarks.run_all --smoke mixture_search curation_gain   # all, those two at
+                                                                     # their smoke size (never quoted)
     .venv/bin/python -m benchmarks.run_all --render            # only re-render the pages (make figures)
 """
 
@@ -51,6 +53,7 @@ ROOT = BENCHMARKS.parent
 RESULTS = BENCHMARKS / "results"
 # Figures shown per benchmark in the table; the rest stay in the record.
 MAX_FIGURES = 12
+SMOKE = "--smoke"
 
 
 def benchmark_names() -> list[str]:
@@ -223,7 +226,8 @@ def newest(name: str, options: str | None = None) -> tuple[dict | None, str]:
     benchmark run on a CPU records its skip); (None, note) when nothing was measured yet. `options`: only
     the runs whose script arguments hold that sequence (e.g. `--corpus multilingual`); "" only the runs
     at the script's defaults; None any run."""
-    records = history(name).read()
+    # A smoke run's figures mean nothing (benchmarks/_smoke.py): it is recorded, never quoted.
+    records = [entry for entry in history(name).read() if SMOKE not in script_args(entry["command"])]
     if options is not None:
         wanted = shlex.split(options)
         records = [entry for entry in records if holds(script_args(entry["command"]), wanted)]
@@ -351,8 +355,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("names", nargs="*", help=f"benchmarks to run (default: all of {benchmark_names()})")
     parser.add_argument("--render", action="store_true", help="only re-render the pages' blocks, run nothing")
+    parser.add_argument(
+        SMOKE,
+        nargs="+",
+        default=[],
+        metavar="NAME",
+        help="run these at their smoke size (recorded, never quoted on a page): the slowest, when a "
+        "whole run must fit a time",
+    )
     args = parser.parse_args(argv)
     unknown = sorted(set(args.names) - set(benchmark_names()))
+    unknown += sorted(set(args.smoke) - set(benchmark_names()))
     if unknown:
         parser.error(f"no such benchmark: {', '.join(unknown)} (have: {', '.join(benchmark_names())})")
 
@@ -361,7 +374,9 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.names or benchmark_names():
             print(f"== python -m benchmarks.{name}", flush=True)
             load_before = os.getloadavg()
-            result, command, wall_s = run_benchmark(name, script_args)
+            result, command, wall_s = run_benchmark(
+                name, [*script_args, *([SMOKE] if name in args.smoke else [])]
+            )
             if result is None:
                 failed.append(name)
                 continue

@@ -143,6 +143,7 @@ def test_a_block_is_rendered_from_the_newest_record_with_seeds_as_a_distribution
             "commit": "0" * 40,
             "dirty": [],
             "machine": {"cores": 2, "load_average_before": [1.5, 1, 1]},
+            "command": ["python", "-m", "benchmarks.mixture_search"],
             "wall_s": 12.0,
             "result": {
                 "bench": "mixture_search",
