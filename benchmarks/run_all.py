@@ -7,8 +7,10 @@ script's output, takes that last line, and appends one record to benchmarks/resu
     {"recorded_at", "commit", "dirty", "machine": {...}, "command", "wall_s", "result": {...}}
 
 `dirty` lists the tracked files that differed from the commit, so a figure measured on uncommitted code
-says so. `machine` holds the platform, Python, cores and the load average before and after the run:
-on a shared machine the load is the first thing to look at when two records disagree.
+says so; what the runner writes itself (the records, the pages it renders) does not count, or every run
+after the first of a `make bench` would say so. `machine` holds the platform, Python, cores and the load
+average before and after the run: on a shared machine the load is the first thing to look at when two
+records disagree.
 
 A page quotes a measured figure only inside a generated block, which names what it shows:
 
@@ -125,7 +127,7 @@ def record(name: str, result: dict, command: list[str], wall_s: float, load_befo
     entry = {
         "recorded_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "commit": git("rev-parse", "HEAD"),
-        "dirty": git("diff", "HEAD", "--name-only").splitlines(),
+        "dirty": uncommitted_changes(),
         "machine": machine(load_before),
         "command": ["python", *command[1:]],
         "wall_s": round(wall_s, 1),
@@ -134,6 +136,13 @@ def record(name: str, result: dict, command: list[str], wall_s: float, load_befo
     RESULTS.mkdir(exist_ok=True)
     history(name).append(entry)
     return entry
+
+
+def uncommitted_changes() -> list[str]:
+    """Tracked files that differ from the commit, less the records and the pages this runner writes."""
+    written = {os.path.relpath(page, ROOT) for page in pages()}
+    changed = git("diff", "HEAD", "--name-only").splitlines()
+    return [path for path in changed if not path.startswith("benchmarks/results/") and path not in written]
 
 
 def history(name: str) -> MetricsLog:

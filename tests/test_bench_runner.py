@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
 from pathlib import Path
 from types import ModuleType
 
@@ -144,3 +145,24 @@ def test_the_named_benchmarks_run_at_their_smoke_size_and_are_never_quoted(run_a
     assert "`smoke` false" in page and "`smoke` true" not in page
     with pytest.raises(SystemExit):
         run_all.main(["--smoke", "typo"])
+
+
+def test_only_changes_to_what_the_runner_does_not_write_make_a_record_dirty(
+    run_all: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repo = tmp_path / "repo"
+    files = ["code.py", "benchmarks/results/fast.jsonl", "README.md", "docs/page.md"]
+    for name in files:
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text("committed\n")
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run([*git[:3], "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "all"], check=True)
+    monkeypatch.setattr(run_all, "ROOT", repo)
+    monkeypatch.setattr(run_all, "pages", lambda: [repo / "README.md", repo / "docs" / "page.md"])
+    for name in files[1:]:
+        (repo / name).write_text("written by the runner\n")
+    assert run_all.uncommitted_changes() == []
+    (repo / "code.py").write_text("edited\n")
+    assert run_all.uncommitted_changes() == ["code.py"]
