@@ -25,6 +25,7 @@ from moe_dag.curation.dedup import (
     shingle_hashes,
     signature_rows,
 )
+from moe_dag.curation.dedup import clusters as dedup_clusters
 from moe_dag.curation.dedup.report import duplicate_report
 
 CONFIG = MinHashConfig()
@@ -360,6 +361,16 @@ def test_same_output_whatever_the_number_of_workers_or_batches():
     assert reference.filter(pc.invert(reference["is_survivor"])).num_rows == 80
     for workers in (2, 5):
         assert find_duplicate_clusters(whole, CONFIG, PRIORITY, workers=workers).equals(reference)
+
+
+def test_candidate_pairs_are_verified_in_bounded_batches_with_the_same_clusters(monkeypatch):
+    """Verification streams the candidate pairs a few at a time (a whole source's pairs at once held
+    9 GiB in the 16x scale benchmark): batches of 3 pairs give the clusters of one batch."""
+    docs = {f"d{i:03d}": ("web", " ".join(random_document(i % 10))) for i in range(60)}
+    signatures = compute_signatures(table(docs), CONFIG)
+    reference = find_duplicate_clusters(signatures, CONFIG, PRIORITY)
+    monkeypatch.setattr(dedup_clusters, "VERIFIED_PAIRS_PER_BATCH", 3)
+    assert find_duplicate_clusters(signatures, CONFIG, PRIORITY).equals(reference)
 
 
 def test_clusters_read_from_signature_files(tmp_path):

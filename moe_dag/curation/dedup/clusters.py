@@ -460,6 +460,13 @@ def _verification_values(
         con.execute(f"DROP TABLE IF EXISTS {name}")
 
 
+# Candidate pairs verified at once. Each pair carries both documents' fingerprint lists, and exact
+# verification sorts 8-byte keys for every value of them, so a batch costs about 30 bytes a shingle of
+# its pairs: at DuckDB's default of a million rows a batch, the 16x scale benchmark (every document with
+# 15 copies, hundreds of thousands of candidate pairs) held 9 GiB in one worker.
+VERIFIED_PAIRS_PER_BATCH = 4096
+
+
 def _jaccard(
     con: duckdb.DuckDBPyConnection, values: str, pairs: np.ndarray, config: MinHashConfig
 ) -> np.ndarray:
@@ -475,7 +482,7 @@ def _jaccard(
             SELECT p.i, x.{column} AS x, y.{column} AS y
             FROM {view} AS p JOIN {values} AS x ON x.row = p.a JOIN {values} AS y ON y.row = p.b
             """
-        ).to_arrow_reader()
+        ).to_arrow_reader(VERIFIED_PAIRS_PER_BATCH)
         for batch in reader:
             similarity[batch.column("i").to_numpy()] = pair_similarity(batch["x"], batch["y"], config)
     finally:
