@@ -364,13 +364,23 @@ def test_same_output_whatever_the_number_of_workers_or_batches():
 
 
 def test_candidate_pairs_are_verified_in_bounded_batches_with_the_same_clusters(monkeypatch):
-    """Verification streams the candidate pairs a few at a time (a whole source's pairs at once held
-    9 GiB in the 16x scale benchmark): batches of 3 pairs give the clusters of one batch."""
+    """Verification streams the candidate pairs a few at a time and compares them in slices of bounded
+    fingerprints: batches of 3 pairs, and slices of about one pair, give the clusters of one batch."""
     docs = {f"d{i:03d}": ("web", " ".join(random_document(i % 10))) for i in range(60)}
     signatures = compute_signatures(table(docs), CONFIG)
     reference = find_duplicate_clusters(signatures, CONFIG, PRIORITY)
     monkeypatch.setattr(dedup_clusters, "VERIFIED_PAIRS_PER_BATCH", 3)
     assert find_duplicate_clusters(signatures, CONFIG, PRIORITY).equals(reference)
+    monkeypatch.setattr(dedup_clusters, "VERIFIED_VALUES_PER_SLICE", 500)  # about one pair of 200 words
+    assert find_duplicate_clusters(signatures, CONFIG, PRIORITY).equals(reference)
+
+
+def test_bounded_slices_hold_at_most_the_limit_unless_one_pair_exceeds_it():
+    lists = [[1] * n for n in (3, 4, 9, 2, 2, 2)]
+    batch = pa.RecordBatch.from_pydict({"x": lists, "y": [[1]] * len(lists)})  # 4, 5, 10, 3, 3, 3 values
+    slices = list(dedup_clusters.bounded_slices(batch, limit=8))
+    assert [piece.num_rows for piece in slices] == [1, 1, 1, 2, 1]
+    assert pa.Table.from_batches(slices).equals(pa.Table.from_batches([batch]))
 
 
 def test_clusters_read_from_signature_files(tmp_path):

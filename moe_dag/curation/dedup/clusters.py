@@ -460,11 +460,12 @@ def _verification_values(
         con.execute(f"DROP TABLE IF EXISTS {name}")
 
 
-# Candidate pairs verified at once. Each pair carries both documents' fingerprint lists, and exact
-# verification sorts 8-byte keys for every value of them, so a batch costs about 30 bytes a shingle of
-# its pairs: at DuckDB's default of a million rows a batch, the 16x scale benchmark (every document with
-# 15 copies, hundreds of thousands of candidate pairs) held 9 GiB in one worker.
+# Verification's working set: candidate pairs streamed from DuckDB a few thousand at a time (its
+# default batch is a million rows), then compared in slices of at most this many fingerprints (both
+# sides' lists), since exact verification sorts an 8-byte key for each of them and the pairs of a few
+# long documents can hold millions.
 VERIFIED_PAIRS_PER_BATCH = 4096
+VERIFIED_VALUES_PER_SLICE = 4_000_000
 
 
 def _jaccard(
@@ -484,10 +485,27 @@ def _jaccard(
             """
         ).to_arrow_reader(VERIFIED_PAIRS_PER_BATCH)
         for batch in reader:
-            similarity[batch.column("i").to_numpy()] = pair_similarity(batch["x"], batch["y"], config)
+            for piece in bounded_slices(batch, VERIFIED_VALUES_PER_SLICE):
+                similarity[piece.column("i").to_numpy()] = pair_similarity(piece["x"], piece["y"], config)
     finally:
         con.unregister(view)
     return similarity
+
+
+def bounded_slices(batch: pa.RecordBatch, limit: int) -> Iterator[pa.RecordBatch]:
+    """`batch` in consecutive slices whose `x` and `y` lists hold at most `limit` values together (a
+    single longer pair is a slice of its own)."""
+    sizes = (
+        pc.list_value_length(batch["x"]).to_numpy() + pc.list_value_length(batch["y"]).to_numpy()
+    ).astype(np.int64)
+    start, held = 0, 0
+    for end, size in enumerate(sizes):
+        if held and held + size > limit:
+            yield batch.slice(start, end - start)
+            start, held = end, 0
+        held += size
+    if start < len(sizes):
+        yield batch.slice(start)
 
 
 def pair_similarity(x: pa.Array, y: pa.Array, config: MinHashConfig) -> np.ndarray:
