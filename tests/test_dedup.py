@@ -371,16 +371,22 @@ def test_candidate_pairs_are_verified_in_bounded_batches_with_the_same_clusters(
     reference = find_duplicate_clusters(signatures, CONFIG, PRIORITY)
     monkeypatch.setattr(dedup_clusters, "VERIFIED_PAIRS_PER_BATCH", 3)
     assert find_duplicate_clusters(signatures, CONFIG, PRIORITY).equals(reference)
-    monkeypatch.setattr(dedup_clusters, "VERIFIED_VALUES_PER_SLICE", 500)  # about one pair of 200 words
+    monkeypatch.setattr(dedup_clusters, "VALUES_PER_SLICE", 500)  # about one pair of 200 words
     assert find_duplicate_clusters(signatures, CONFIG, PRIORITY).equals(reference)
 
 
-def test_bounded_slices_hold_at_most_the_limit_unless_one_pair_exceeds_it():
-    lists = [[1] * n for n in (3, 4, 9, 2, 2, 2)]
-    batch = pa.RecordBatch.from_pydict({"x": lists, "y": [[1]] * len(lists)})  # 4, 5, 10, 3, 3, 3 values
-    slices = list(dedup_clusters.bounded_slices(batch, limit=8))
-    assert [piece.num_rows for piece in slices] == [1, 1, 1, 2, 1]
-    assert pa.Table.from_batches(slices).equals(pa.Table.from_batches([batch]))
+def test_exact_jaccard_in_bounded_slices_equals_all_pairs_at_once(monkeypatch):
+    rng = np.random.default_rng(0)
+    x = pa.array(
+        [rng.integers(0, 50, n).astype(np.uint32) for n in (3, 40, 9, 0, 2, 70, 5)], pa.list_(pa.uint32())
+    )
+    y = pa.array(
+        [rng.integers(0, 50, n).astype(np.uint32) for n in (4, 1, 30, 6, 2, 2, 50)], pa.list_(pa.uint32())
+    )
+    whole = dedup_clusters.exact_jaccard(x, y)
+    for limit in (1, 8, 60):
+        monkeypatch.setattr(dedup_clusters, "VALUES_PER_SLICE", limit)
+        assert dedup_clusters.exact_jaccard(x, y).tolist() == whole.tolist()
 
 
 def test_clusters_read_from_signature_files(tmp_path):

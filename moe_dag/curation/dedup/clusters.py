@@ -460,12 +460,12 @@ def _verification_values(
         con.execute(f"DROP TABLE IF EXISTS {name}")
 
 
-# Verification's working set: candidate pairs streamed from DuckDB a few thousand at a time (its
-# default batch is a million rows), then compared in slices of at most this many fingerprints (both
-# sides' lists), since exact verification sorts an 8-byte key for each of them and the pairs of a few
-# long documents can hold millions.
+# Candidate pairs streamed from DuckDB at once (its default batch is a million rows, each pair carrying
+# both documents' value lists).
 VERIFIED_PAIRS_PER_BATCH = 4096
-VERIFIED_VALUES_PER_SLICE = 4_000_000
+# Fingerprints (both sides' lists) that exact verification sorts at once, as 8-byte keys: the pairs of a
+# few long documents, or a whole part's candidates in the partitioned path, can hold hundreds of millions.
+VALUES_PER_SLICE = 4_000_000
 
 
 def _jaccard(
@@ -485,27 +485,10 @@ def _jaccard(
             """
         ).to_arrow_reader(VERIFIED_PAIRS_PER_BATCH)
         for batch in reader:
-            for piece in bounded_slices(batch, VERIFIED_VALUES_PER_SLICE):
-                similarity[piece.column("i").to_numpy()] = pair_similarity(piece["x"], piece["y"], config)
+            similarity[batch.column("i").to_numpy()] = pair_similarity(batch["x"], batch["y"], config)
     finally:
         con.unregister(view)
     return similarity
-
-
-def bounded_slices(batch: pa.RecordBatch, limit: int) -> Iterator[pa.RecordBatch]:
-    """`batch` in consecutive slices whose `x` and `y` lists hold at most `limit` values together (a
-    single longer pair is a slice of its own)."""
-    sizes = (
-        pc.list_value_length(batch["x"]).to_numpy() + pc.list_value_length(batch["y"]).to_numpy()
-    ).astype(np.int64)
-    start, held = 0, 0
-    for end, size in enumerate(sizes):
-        if held and held + size > limit:
-            yield batch.slice(start, end - start)
-            start, held = end, 0
-        held += size
-    if start < len(sizes):
-        yield batch.slice(start)
 
 
 def pair_similarity(x: pa.Array, y: pa.Array, config: MinHashConfig) -> np.ndarray:
@@ -529,6 +512,30 @@ def exact_jaccard(x: pa.Array | pa.ChunkedArray, y: pa.Array | pa.ChunkedArray) 
     """|X_i & Y_i| / |X_i | Y_i|, X_i and Y_i the sets of the fingerprint lists x[i] and y[i], every pair
     at once: tag each value with its pair and side (pair << 33 | value << 1 | side), sort, drop repeats
     (a set per side), and a value both sides hold is two neighbouring keys that differ in the side bit."""
+    if isinstance(x, pa.ChunkedArray):
+        x = x.combine_chunks()
+    if isinstance(y, pa.ChunkedArray):
+        y = y.combine_chunks()
+    sizes = pc.list_value_length(x).to_numpy(zero_copy_only=False) + pc.list_value_length(y).to_numpy(
+        zero_copy_only=False
+    )
+    # Slices of about VALUES_PER_SLICE values (a longer pair alone), so the keys stay bounded.
+    ends = np.searchsorted(
+        np.cumsum(sizes, dtype=np.int64), np.arange(1, 1 + sizes.sum() // VALUES_PER_SLICE) * VALUES_PER_SLICE
+    )
+    bounds = np.unique(np.concatenate([[0], np.maximum(ends, 1), [len(sizes)]]))
+    return np.concatenate(
+        [
+            np.empty(0),
+            *(
+                _exact_jaccard(x.slice(a, b - a), y.slice(a, b - a))
+                for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+            ),
+        ]
+    )
+
+
+def _exact_jaccard(x: pa.Array, y: pa.Array) -> np.ndarray:
     if not len(x):
         return np.empty(0, dtype=np.float64)
     keys = np.concatenate([_tagged(x, 0), _tagged(y, 1)])
