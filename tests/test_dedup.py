@@ -375,18 +375,31 @@ def test_candidate_pairs_are_verified_in_bounded_batches_with_the_same_clusters(
     assert find_duplicate_clusters(signatures, CONFIG, PRIORITY).equals(reference)
 
 
+def fingerprint_lists(sizes: tuple[int, ...], seed: int) -> pa.Array:
+    rng = np.random.default_rng(seed)
+    return pa.array([rng.integers(0, 50, n).astype(np.uint32) for n in sizes], pa.list_(pa.uint32()))
+
+
 def test_exact_jaccard_in_bounded_slices_equals_all_pairs_at_once(monkeypatch):
-    rng = np.random.default_rng(0)
-    x = pa.array(
-        [rng.integers(0, 50, n).astype(np.uint32) for n in (3, 40, 9, 0, 2, 70, 5)], pa.list_(pa.uint32())
-    )
-    y = pa.array(
-        [rng.integers(0, 50, n).astype(np.uint32) for n in (4, 1, 30, 6, 2, 2, 50)], pa.list_(pa.uint32())
-    )
+    x, y = fingerprint_lists((3, 40, 9, 0, 2, 70, 5), 0), fingerprint_lists((4, 1, 30, 6, 2, 2, 50), 1)
     whole = dedup_clusters.exact_jaccard(x, y)
     for limit in (1, 8, 60):
         monkeypatch.setattr(dedup_clusters, "VALUES_PER_SLICE", limit)
         assert dedup_clusters.exact_jaccard(x, y).tolist() == whole.tolist()
+
+
+def test_similarity_by_index_equals_the_pairs_taken_whole(monkeypatch):
+    """Lists named by many pairs (repeats, any order) give what the pairs' own copies give, in any slices
+    (CONFIG verifies exactly)."""
+    assert CONFIG.verification == "exact"
+    x, y = fingerprint_lists((3, 40, 9, 0, 2), 2), fingerprint_lists((4, 1, 30, 6), 3)
+    pairs = np.array([[1, 2], [1, 0], [4, 2], [0, 3], [1, 2], [3, 1], [2, 2], [1, 1]])
+    whole = dedup_clusters.exact_jaccard(x.take(pairs[:, 0]), y.take(pairs[:, 1]))
+    assert whole.min() < whole.max()
+    for limit in (1, 8, 60, 10**6):
+        monkeypatch.setattr(dedup_clusters, "VALUES_PER_SLICE", limit)
+        assert dedup_clusters.similarity_by_index(x, y, pairs, CONFIG).tolist() == whole.tolist()
+    assert dedup_clusters.similarity_by_index(x, y, pairs[:0], CONFIG).tolist() == []
 
 
 def test_clusters_read_from_signature_files(tmp_path):

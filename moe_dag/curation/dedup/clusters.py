@@ -463,8 +463,9 @@ def _verification_values(
 # Candidate pairs streamed from DuckDB at once (its default batch is a million rows, each pair carrying
 # both documents' value lists).
 VERIFIED_PAIRS_PER_BATCH = 4096
-# Fingerprints (both sides' lists) that exact verification sorts at once, as 8-byte keys: the pairs of a
-# few long documents, or a whole part's candidates in the partitioned path, can hold hundreds of millions.
+# Values (both sides' lists) that verification copies or sorts at once (exact: as 8-byte keys): the pairs
+# of a few long documents, or a whole part's candidates in the partitioned path, can hold hundreds of
+# millions.
 VALUES_PER_SLICE = 4_000_000
 
 
@@ -508,6 +509,21 @@ def _matrix(lists: pa.ListArray, width: int) -> np.ndarray:
     return pc.list_flatten(lists).to_numpy().reshape(-1, width)
 
 
+def similarity_by_index(x: pa.Array, y: pa.Array, pairs: np.ndarray, config: MinHashConfig) -> np.ndarray:
+    """`pair_similarity` of (x[i], y[j]) for each row (i, j) of `pairs`, taking the lists a slice of pairs
+    at a time: a list in many pairs (a document with many near copies) is held once, not once a pair."""
+    sizes = _lengths(x)[pairs[:, 0]] + _lengths(y)[pairs[:, 1]]
+    return np.concatenate(
+        [
+            np.empty(0),
+            *(
+                pair_similarity(x.take(pairs[a:b, 0]), y.take(pairs[a:b, 1]), config)
+                for a, b in _slices(sizes)
+            ),
+        ]
+    )
+
+
 def exact_jaccard(x: pa.Array | pa.ChunkedArray, y: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """|X_i & Y_i| / |X_i | Y_i|, X_i and Y_i the sets of the fingerprint lists x[i] and y[i], every pair
     at once: tag each value with its pair and side (pair << 33 | value << 1 | side), sort, drop repeats
@@ -516,23 +532,29 @@ def exact_jaccard(x: pa.Array | pa.ChunkedArray, y: pa.Array | pa.ChunkedArray) 
         x = x.combine_chunks()
     if isinstance(y, pa.ChunkedArray):
         y = y.combine_chunks()
-    sizes = pc.list_value_length(x).to_numpy(zero_copy_only=False) + pc.list_value_length(y).to_numpy(
-        zero_copy_only=False
-    )
-    # Slices of about VALUES_PER_SLICE values (a longer pair alone), so the keys stay bounded.
-    ends = np.searchsorted(
-        np.cumsum(sizes, dtype=np.int64), np.arange(1, 1 + sizes.sum() // VALUES_PER_SLICE) * VALUES_PER_SLICE
-    )
-    bounds = np.unique(np.concatenate([[0], np.maximum(ends, 1), [len(sizes)]]))
     return np.concatenate(
         [
             np.empty(0),
             *(
                 _exact_jaccard(x.slice(a, b - a), y.slice(a, b - a))
-                for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+                for a, b in _slices(_lengths(x) + _lengths(y))
             ),
         ]
     )
+
+
+def _lengths(lists: pa.Array) -> np.ndarray:
+    return pc.list_value_length(lists).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def _slices(sizes: np.ndarray) -> list[tuple[int, int]]:
+    """Consecutive (start, end) of about VALUES_PER_SLICE summed sizes each (a larger item alone), so
+    what a slice sorts or copies stays bounded."""
+    ends = np.searchsorted(
+        np.cumsum(sizes, dtype=np.int64), np.arange(1, 1 + sizes.sum() // VALUES_PER_SLICE) * VALUES_PER_SLICE
+    )
+    bounds = np.unique(np.concatenate([[0], np.maximum(ends, 1), [len(sizes)]])).tolist()
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
 
 
 def _exact_jaccard(x: pa.Array, y: pa.Array) -> np.ndarray:
@@ -551,7 +573,7 @@ def _exact_jaccard(x: pa.Array, y: pa.Array) -> np.ndarray:
 def _tagged(lists: pa.Array | pa.ChunkedArray, side: int) -> np.ndarray:
     if isinstance(lists, pa.ChunkedArray):
         lists = lists.combine_chunks()
-    lengths = pc.list_value_length(lists).to_numpy(zero_copy_only=False).astype(np.int64)
+    lengths = _lengths(lists)
     tags = np.repeat(np.arange(len(lengths), dtype=np.uint64), lengths) << np.uint64(33)
     values = pc.list_flatten(lists).to_numpy(zero_copy_only=False).astype(np.uint64)
     return tags | (values << np.uint64(1)) | np.uint64(side)

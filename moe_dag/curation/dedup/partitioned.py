@@ -11,8 +11,9 @@ steps, each a task per partition whose outputs are split for the next step (a ha
    smallest node represents it (all its members share every bucket, so each bucket sees the whole
    group); every pair of representatives sharing a bucket is a candidate, as in `band_pairs`, and band
    0 gives each member's exact edge to its representative.
-3. Verify (two hops): each candidate takes the signature of its first node in that node's part, then
-   the second's in its part, where the Jaccard similarity decides. The verified and exact edges stay in
+3. Verify (two hops): the part of a candidate's first node sends it to the part of its second node, with
+   the first nodes' values (once a node and destination, however many candidates name it); there the
+   second nodes' values are read and the Jaccard similarity decides. The verified and exact edges stay in
    the part of their second node: that part's edge partition.
 4. Components (rounds): each node starts labelled with itself. A round: every part takes the label
    proposals for its nodes and keeps the smallest, and sends each edge partition the labels of the
@@ -59,6 +60,7 @@ from moe_dag.curation.dedup.clusters import (
     _components,
     format_versions,
     pair_similarity,
+    similarity_by_index,
     similarity_column,
     table_cluster_version,
     version_parts,
@@ -480,13 +482,18 @@ def _pairs_within(nodes: np.ndarray, group_key: np.ndarray) -> np.ndarray:
 
 def _attach_left(
     part: Part, starts: np.ndarray, lake_url: str, config: MinHashConfig, *pairs: np.ndarray
-) -> list[pa.Table]:
-    """Step 3a: each candidate whose first node is in this part, with that node's signature, split by
-    the part of its second node."""
+) -> list[tuple[np.ndarray, np.ndarray, pa.Array]]:
+    """Step 3a: the candidates whose first node is in this part, split by the part of their second node;
+    each share with the first nodes it names (sorted) and their values, once a node however many pairs
+    it is in (a document is in a pair with each of its near copies)."""
     found = np.concatenate(pairs) if pairs else np.empty((0, 2), dtype=np.int64)
-    values = _rows_of_part(part, lake_url, similarity_column(config), found[:, 0] - part.start)
-    table = pa.table({"a": found[:, 0], "b": found[:, 1], "x": values})
-    return _split_table(table, _part_of(found[:, 1], starts), len(starts))
+    nodes = np.unique(found[:, 0])
+    values = _rows_of_part(part, lake_url, similarity_column(config), nodes - part.start)
+    shares = []
+    for share in _split(found, _part_of(found[:, 1], starts), len(starts)):
+        first = np.unique(share[:, 0])
+        shares.append((share, first, values.take(np.searchsorted(nodes, first))))
+    return shares
 
 
 def _verify(
@@ -495,12 +502,16 @@ def _verify(
     """Step 3b: the candidates whose second node is here that reach the threshold, with the exact edges
     of this part's members: the part's edge partition, then the nodes it holds split by part."""
     left, exact = inputs[:n_left], inputs[n_left:]
-    candidates = pa.concat_tables(left).combine_chunks()
-    b = candidates["b"].to_numpy()
-    values = _rows_of_part(part, lake_url, similarity_column(config), b - part.start)
-    similarity = pair_similarity(candidates["x"], values, config)
-    keep = similarity >= config.jaccard_threshold
-    verified = np.column_stack([candidates["a"].to_numpy()[keep], b[keep]])
+    pairs = np.concatenate([share for share, _, _ in left])
+    first = np.concatenate([nodes for _, nodes, _ in left])  # sorted: the shares come in part order
+    second, second_row = np.unique(pairs[:, 1], return_inverse=True)
+    similarity = similarity_by_index(
+        pa.concat_arrays([values for _, _, values in left]),
+        _rows_of_part(part, lake_url, similarity_column(config), second - part.start),
+        np.column_stack([np.searchsorted(first, pairs[:, 0]), second_row.reshape(-1)]),
+        config,
+    )
+    verified = pairs[similarity >= config.jaccard_threshold]
     return edge_partition(np.concatenate([verified.reshape(-1, 2), *exact]).astype(np.int64), starts)
 
 
