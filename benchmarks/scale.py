@@ -43,11 +43,11 @@ Also, as before: each scale's partitioned clusters against the named baseline `s
 compared row for row); ms per 2,048-row batch of the dedup apply against the cluster count (a synthetic
 clusters table of 10^4 .. 10^6 rows, 10,000 rows a shard file) for `ShardClusters` (the shard's file in
 step with the batch) and for the old `apply_dedup` against the source's whole table
-(`baseline_whole_table`); with `--speedup`, the whole pipeline at the largest scale on 1 worker, for
-`speedup_2_workers`.
+(`baseline_whole_table`); unless `--no-speedup`, the whole pipeline at the largest scale on 1 worker
+once more, for `speedup_2_workers` (so that `make bench` records it; the smoke size skips it).
 
-Options: `--docs-per-source`, `--scales`, `--workers`, `--apply-clusters`, `--part-rows`, `--speedup`,
-`--config`.
+Options: `--docs-per-source`, `--scales`, `--workers`, `--apply-clusters`, `--part-rows`,
+`--[no-]speedup`, `--config`.
 """
 
 from __future__ import annotations
@@ -576,9 +576,11 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument("--apply-clusters", default="10000,100000,1000000")
     parser.add_argument("--part-rows", type=int, default=2000)
-    parser.add_argument("--speedup", action="store_true")
+    parser.add_argument("--speedup", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--config", default=str(ROOT / "configs" / "demo.yaml"))
-    args = parse_with_smoke(parser, {"docs_per_source": 60, "scales": "1", "apply_clusters": "10000"})
+    args = parse_with_smoke(
+        parser, {"docs_per_source": 60, "scales": "1", "apply_clusters": "10000", "speedup": False}
+    )
     scales = [int(s) for s in args.scales.split(",")]
     config = str(Path(args.config).resolve())
 
