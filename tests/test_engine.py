@@ -205,6 +205,22 @@ def test_a_one_cpu_task_tokenises_on_one_thread(local_ray):
     assert ray.get(ray.remote(num_cpus=1)(threads_started_by_encode_batch).remote()) <= 1
 
 
+def test_a_task_returns_all_but_tiny_values_through_the_object_store(local_ray):
+    """A shuffle's driver owns parts x parts shares: Ray keeps a return under its inline limit in the
+    owner's own memory, so the workers lower that limit to INLINE_RETURN_BYTES."""
+    import numpy as np
+    import ray
+
+    from moe_dag.engine.cluster import INLINE_RETURN_BYTES
+
+    make = ray.remote(num_cpus=1)(lambda size: np.zeros(size, dtype=np.uint8))
+    tiny, share = make.remote(INLINE_RETURN_BYTES // 4), make.remote(10 * INLINE_RETURN_BYTES)
+    ray.wait([tiny, share], num_returns=2)
+    locations = ray.experimental.get_object_locations([tiny, share])
+    assert locations[tiny]["node_ids"] == []  # inline, in this process
+    assert locations[share]["node_ids"]  # in a node's object store; Ray's default would inline it
+
+
 def test_a_shard_that_kills_its_worker_fails_naming_its_file(tmp_path, local_ray):
     lake = ingested(tmp_path, "lake", shards=3, docs=4)
     inputs = upstream_inputs(lake, "raw_documents", "web")

@@ -22,7 +22,13 @@ DEFAULT_MIN_BLOCK_ROWS = 8_192  # 4 read batches
 # A task takes one CPU, and Ray caps OpenMP (torch, numpy) at the task's CPUs for that reason, but not
 # rayon: Hugging Face tokenizers' `encode_batch` in a one-CPU task started a pool of every core's threads,
 # so two tasks ran six threads on two cores, and a second worker gained nothing in tokenising.
-WORKER_ENV = {"RAYON_NUM_THREADS": "1"}
+# Ray hands a task's return value under `max_direct_call_object_size` (100 KB by default) straight to the
+# caller, who keeps it in its own memory until the reference goes: the driver of a shuffle, which owns
+# parts x parts such shares (dedup's partitioned clustering), held every small one. Above this size a
+# return goes to the object store, which spills. At 16x the scale benchmark's dedup_clusters grew the
+# driver by 44 MiB with the default and 7 MiB with 1 KB (docs/scale.md).
+INLINE_RETURN_BYTES = 1024
+WORKER_ENV = {"RAYON_NUM_THREADS": "1", "RAY_max_direct_call_object_size": str(INLINE_RETURN_BYTES)}
 AUTH_MODE_ENV_VAR = "RAY_AUTH_MODE"  # ray._private.authentication's switch: token or disabled
 
 
