@@ -39,7 +39,7 @@ from __future__ import annotations
 import tempfile
 import threading
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -512,15 +512,9 @@ def _matrix(lists: pa.ListArray, width: int) -> np.ndarray:
 def similarity_by_index(x: pa.Array, y: pa.Array, pairs: np.ndarray, config: MinHashConfig) -> np.ndarray:
     """`pair_similarity` of (x[i], y[j]) for each row (i, j) of `pairs`, taking the lists a slice of pairs
     at a time: a list in many pairs (a document with many near copies) is held once, not once a pair."""
-    sizes = _lengths(x)[pairs[:, 0]] + _lengths(y)[pairs[:, 1]]
-    return np.concatenate(
-        [
-            np.empty(0),
-            *(
-                pair_similarity(x.take(pairs[a:b, 0]), y.take(pairs[a:b, 1]), config)
-                for a, b in _slices(sizes)
-            ),
-        ]
+    return _in_slices(
+        _lengths(x)[pairs[:, 0]] + _lengths(y)[pairs[:, 1]],
+        lambda a, b: pair_similarity(x.take(pairs[a:b, 0]), y.take(pairs[a:b, 1]), config),
     )
 
 
@@ -532,14 +526,8 @@ def exact_jaccard(x: pa.Array | pa.ChunkedArray, y: pa.Array | pa.ChunkedArray) 
         x = x.combine_chunks()
     if isinstance(y, pa.ChunkedArray):
         y = y.combine_chunks()
-    return np.concatenate(
-        [
-            np.empty(0),
-            *(
-                _exact_jaccard(x.slice(a, b - a), y.slice(a, b - a))
-                for a, b in _slices(_lengths(x) + _lengths(y))
-            ),
-        ]
+    return _in_slices(
+        _lengths(x) + _lengths(y), lambda a, b: _exact_jaccard(x.slice(a, b - a), y.slice(a, b - a))
     )
 
 
@@ -547,14 +535,16 @@ def _lengths(lists: pa.Array) -> np.ndarray:
     return pc.list_value_length(lists).to_numpy(zero_copy_only=False).astype(np.int64)
 
 
-def _slices(sizes: np.ndarray) -> list[tuple[int, int]]:
-    """Consecutive (start, end) of about VALUES_PER_SLICE summed sizes each (a larger item alone), so
-    what a slice sorts or copies stays bounded."""
+def _in_slices(sizes: np.ndarray, compute: Callable[[int, int], np.ndarray]) -> np.ndarray:
+    """`compute(start, end)` over consecutive items of about VALUES_PER_SLICE summed `sizes` each (a larger
+    item alone), concatenated: what one slice sorts or copies stays bounded."""
     ends = np.searchsorted(
         np.cumsum(sizes, dtype=np.int64), np.arange(1, 1 + sizes.sum() // VALUES_PER_SLICE) * VALUES_PER_SLICE
     )
     bounds = np.unique(np.concatenate([[0], np.maximum(ends, 1), [len(sizes)]])).tolist()
-    return list(zip(bounds[:-1], bounds[1:], strict=True))
+    return np.concatenate(
+        [np.empty(0), *(compute(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True))]
+    )
 
 
 def _exact_jaccard(x: pa.Array, y: pa.Array) -> np.ndarray:

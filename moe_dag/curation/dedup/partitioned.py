@@ -508,11 +508,11 @@ def _verify(
     similarity = similarity_by_index(
         pa.concat_arrays([values for _, _, values in left]),
         _rows_of_part(part, lake_url, similarity_column(config), second - part.start),
-        np.column_stack([np.searchsorted(first, pairs[:, 0]), second_row.reshape(-1)]),
+        np.column_stack([np.searchsorted(first, pairs[:, 0]), second_row]),
         config,
     )
     verified = pairs[similarity >= config.jaccard_threshold]
-    return edge_partition(np.concatenate([verified.reshape(-1, 2), *exact]).astype(np.int64), starts)
+    return edge_partition(np.concatenate([verified, *exact]).astype(np.int64), starts)
 
 
 def _label_step(part: Part, labels: np.ndarray | None, n_edge: int, *inputs: np.ndarray) -> list[Any]:
